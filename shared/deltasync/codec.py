@@ -1,0 +1,228 @@
+"""The delta codec: one bf16 tensor's change, coded relative to the base the receiver holds.
+
+Encoding ``ulp-expclass-rice/1`` (byte layout in docs/PROTOCOL.md):
+
+- Positions are coded per exponent class of the BASE value. Whether a bf16 element changes under
+  a small update depends on its magnitude (the rounding step doubles with each exponent), so the
+  change density differs strongly between classes. Within each class the changed ranks (or, where
+  more than half the class changed, the unchanged ranks) are gap-coded with a Golomb-Rice code whose
+  parameter is fitted per class; Golomb codes are optimal for geometric gaps (Golomb 1966,
+  Gallager & van Voorhis 1975). This conditional coding goes below the H(p)/p bits per change that
+  any coder blind to the base needs (see ../shared/ANCHORS.md, "The floor").
+- Values are the difference of order keys (ulp steps, modulo 2**16, so lossless for any bits,
+  NaN payloads and infinities included), zigzag-mapped, one byte each (255 escapes to a uint16),
+  grouped by class and compressed with zstandard.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+from . import kernels
+from .bf16 import order_key
+from .errors import DeltaCorruptError
+
+ENCODING = "ulp-expclass-rice/1"
+_TABLE = np.dtype(
+    [("cls", "u1"), ("mode", "u1"), ("k", "u1"), ("n_coded", "<u8"), ("n_changed", "<u8")]
+)
+_HEADER = struct.Struct("<IQ")  # number of table rows, bytes of the Rice bit stream
+MODE_CHANGED, MODE_UNCHANGED = 1, 2
+
+
+@dataclass
+class TensorChange:
+    """The changed elements of one tensor, found by :func:`diff`. All arrays have length M.
+
+    Attributes:
+        idx: int64 flat positions, ascending.
+        cls: uint8 exponent class of the base value at idx.
+        rank: int64 rank of each element within its class.
+        counts: int64[256] elements per class in the base.
+        old_bits, new_bits: uint16 bf16 bits before and after.
+    """
+
+    idx: np.ndarray
+    cls: np.ndarray
+    rank: np.ndarray
+    counts: np.ndarray
+    old_bits: np.ndarray
+    new_bits: np.ndarray
+
+    @property
+    def n_changed(self) -> int:
+        return int(self.idx.shape[0])
+
+
+def diff(base_bits: np.ndarray, new_bits: np.ndarray) -> TensorChange:
+    """Find where two bf16 bit arrays (np.uint16, same shape) differ, bit for bit.
+
+    One fused pass (numba) that also ranks each change within its base exponent class, so the
+    encoder never needs the base again. Neither input is modified.
+
+    Raises:
+        ValueError: if dtypes or shapes differ.
+    """
+    if base_bits.shape != new_bits.shape:
+        raise ValueError(f"shape mismatch: base {base_bits.shape} vs new {new_bits.shape}")
+    if base_bits.dtype != np.uint16 or new_bits.dtype != np.uint16:
+        raise ValueError(f"expected np.uint16 bf16 bits, found {base_bits.dtype}/{new_bits.dtype}")
+    b = np.ascontiguousarray(base_bits).reshape(-1)
+    x = np.ascontiguousarray(new_bits).reshape(-1)
+    idx, cls, rank, counts = kernels.diff_rank(b, x)
+    return TensorChange(idx, cls, rank, counts, b[idx], x[idx])
+
+
+def _bit_length(g: np.ndarray) -> np.ndarray:
+    return np.where(g > 0, np.frexp(g.astype(np.float64))[1], 0).astype(np.int64)
+
+
+def _choose_k(gaps: np.ndarray) -> int:
+    """Rice parameter minimising the exact coded size of gaps (int64[m] >= 0)."""
+    if gaps.size == 0:
+        return 0
+    mean = float(gaps.mean())
+    k0 = int(np.floor(np.log2(max(mean * 0.69, 1.0))))
+    bl = None
+    best_k, best = 0, None
+    for k in range(max(0, k0 - 1), min(63, k0 + 3) + 1):
+        q = gaps >> k
+        esc = q >= kernels.QMAX
+        cost = int((q[~esc] + 1 + k).sum())
+        if esc.any():
+            bl = _bit_length(gaps) if bl is None else bl
+            cost += int((kernels.QMAX + kernels.LEN_BITS + bl[esc]).sum())
+        if best is None or cost < best:
+            best_k, best = k, cost
+    return best_k
+
+
+def encode(change: TensorChange, zstd_level: int = 3) -> bytes:
+    """Encode a :class:`TensorChange` as a blob (layout in docs/PROTOCOL.md). Deterministic."""
+    order = np.argsort(change.cls, kind="stable")
+    cls_s = change.cls[order]
+    rank_s = change.rank[order]
+    classes, starts, m_counts = np.unique(cls_s, return_index=True, return_counts=True)
+    table = np.zeros(len(classes), _TABLE)
+    gap_parts, k_parts = [], []
+    for row, (c, s, m) in enumerate(zip(classes, starts, m_counts, strict=True)):
+        ranks = rank_s[s : s + m]
+        n_cls = int(change.counts[c])
+        if 2 * m > n_cls:
+            keep = np.ones(n_cls, bool)
+            keep[ranks] = False
+            coded, mode = np.flatnonzero(keep), MODE_UNCHANGED
+        else:
+            coded, mode = ranks, MODE_CHANGED
+        gaps = np.diff(coded, prepend=-1) - 1
+        k = _choose_k(gaps)
+        table[row] = (c, mode, k, len(coded), m)
+        gap_parts.append(gaps.astype(np.uint64))
+        k_parts.append(np.full(len(gaps), k, np.uint8))
+    gaps_all = np.concatenate(gap_parts) if gap_parts else np.zeros(0, np.uint64)
+    ks_all = np.concatenate(k_parts) if k_parts else np.zeros(0, np.uint8)
+    rice = kernels.rice_encode(gaps_all, ks_all)
+    # values: ulp step (order-key difference mod 2**16), zigzag, minus one (it is never zero)
+    d = order_key(change.new_bits[order]).astype(np.int32) - order_key(change.old_bits[order])
+    d = ((d + 0x8000) & 0xFFFF) - 0x8000  # to int16 range
+    z = (((d << 1) ^ (d >> 15)) & 0xFFFF) - 1
+    zb = np.minimum(z, 255).astype(np.uint8)
+    esc = z[z >= 255].astype("<u2")
+    body = table.tobytes() + zb.tobytes() + esc.tobytes()
+    frame = zstandard.ZstdCompressor(level=zstd_level, write_content_size=True).compress(body)
+    return _HEADER.pack(len(table), rice.nbytes) + rice.tobytes() + frame
+
+
+def _corrupt(msg: str) -> DeltaCorruptError:
+    return DeltaCorruptError(f"delta blob invalid: {msg}")
+
+
+def decode(blob: bytes | memoryview, base_bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decode a blob against the base it was made from.
+
+    Args:
+        blob: bytes from :func:`encode`.
+        base_bits: np.uint16 bf16 bits of the base tensor (any shape; read flat).
+
+    Returns:
+        (idx int64[M] ascending flat positions, new_bits uint16[M]).
+
+    Raises:
+        DeltaCorruptError: if the blob is truncated, malformed, or inconsistent with the base
+            (positions out of range, wrong counts). Nothing is returned in that case.
+    """
+    base = np.ascontiguousarray(base_bits).reshape(-1)
+    n = base.shape[0]
+    mv = memoryview(blob).cast("B")
+    if len(mv) < _HEADER.size:
+        raise _corrupt(f"expected at least {_HEADER.size} header bytes, found {len(mv)}")
+    n_rows, rice_n = _HEADER.unpack_from(mv, 0)
+    if n_rows > kernels.N_CLASSES or _HEADER.size + rice_n > len(mv):
+        raise _corrupt(f"header says {n_rows} classes and {rice_n} Rice bytes; blob has {len(mv)}")
+    rice = np.frombuffer(mv, np.uint8, count=rice_n, offset=_HEADER.size)
+    frame = mv[_HEADER.size + rice_n :]
+    max_out = _TABLE.itemsize * n_rows + 3 * n
+    try:
+        body = zstandard.ZstdDecompressor().decompress(frame, max_output_size=max_out)
+    except zstandard.ZstdError as e:
+        raise _corrupt(f"value stream is not a valid zstd frame ({e})") from e
+    t_n = _TABLE.itemsize * n_rows
+    if len(body) < t_n:
+        raise _corrupt(f"expected a {t_n}-byte class table, found {len(body)} bytes")
+    table = np.frombuffer(body, _TABLE, count=n_rows)
+    cls = table["cls"].astype(np.int64)
+    if n_rows and (np.any(np.diff(cls) <= 0)):
+        raise _corrupt("class table not strictly ascending")
+    if np.any((table["mode"] != MODE_CHANGED) & (table["mode"] != MODE_UNCHANGED)):
+        raise _corrupt("unknown class mode")
+    if np.any(table["k"] > 63) or np.any(table["n_coded"] > n) or np.any(table["n_changed"] > n):
+        raise _corrupt(f"class table entries out of range for a tensor of {n} elements")
+    if np.any((table["mode"] == MODE_CHANGED) & (table["n_coded"] != table["n_changed"])):
+        raise _corrupt("class with coded changes disagrees with its change count")
+    m = int(table["n_changed"].sum())
+    if m > n:
+        raise _corrupt(f"{m} changes declared for a tensor of {n} elements")
+    zb = np.frombuffer(body, np.uint8, count=min(m, len(body) - t_n), offset=t_n)
+    if zb.shape[0] != m:
+        raise _corrupt(f"expected {m} value bytes, found {zb.shape[0]}")
+    n_esc = int(np.count_nonzero(zb == 255))
+    if len(body) != t_n + m + 2 * n_esc:
+        raise _corrupt(f"value stream has {len(body)} bytes, expected {t_n + m + 2 * n_esc}")
+    z = zb.astype(np.int64)
+    z[zb == 255] = np.frombuffer(body, "<u2", count=n_esc, offset=t_n + m)
+    zz = z + 1
+    dkeys = (((zz >> 1) ^ -(zz & 1)) & 0xFFFF).astype(np.uint16)
+    n_coded = table["n_coded"].astype(np.int64)
+    n_changed = table["n_changed"].astype(np.int64)
+    gaps, status = kernels.rice_decode(rice, n_coded, table["k"].astype(np.uint8))
+    if status:
+        why = {1: "truncated", 2: "has trailing bits", 3: "holds an oversized gap"}[status]
+        raise _corrupt(f"position stream {why}")
+    mode = np.zeros(kernels.N_CLASSES, np.uint8)
+    rstart = np.zeros(kernels.N_CLASSES, np.int64)
+    rend = np.zeros(kernels.N_CLASSES, np.int64)
+    vstart = np.zeros(kernels.N_CLASSES, np.int64)
+    vend = np.zeros(kernels.N_CLASSES, np.int64)
+    mode[cls] = table["mode"]
+    rend[cls] = np.cumsum(n_coded)
+    rstart[cls] = rend[cls] - n_coded
+    vend[cls] = np.cumsum(n_changed)
+    vstart[cls] = vend[cls] - n_changed
+    # ranks: running sum of (gap + 1) restarted at each class
+    running = np.concatenate([[0], np.cumsum(gaps + 1)])
+    ranks = running[1:] - 1 - np.repeat(running[rstart[cls]], n_coded)
+    out_idx = np.empty(m, np.int64)
+    out_new = np.empty(m, np.uint16)
+    q, ptr, vptr = kernels.locate_apply(
+        base, mode, rstart, rend, ranks, vstart, vend, dkeys, out_idx, out_new
+    )
+    if q < 0 or q != m or np.any(ptr != rend) or np.any(vptr != vend):
+        raise _corrupt(
+            f"positions do not fit the base: decoded {q} of {m} changes; "
+            "the blob was made from another base or is damaged"
+        )
+    return out_idx, out_new

@@ -1,0 +1,248 @@
+"""Numba kernels of the delta codec: the fused diff/rank pass, the Rice bit coder, and the
+decoder's locate pass. All work on flat ``np.uint16`` bf16 bit arrays, one tensor at a time.
+
+The exponent class of an element is the 8-bit biased exponent of its BASE value,
+``(bits >> 7) & 0xFF``; the receiver knows it because it holds the base. See docs/PROTOCOL.md.
+Kernels release the GIL (``nogil``) so tensors can be coded on several threads.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+N_CLASSES = 256
+QMAX = 32  # unary quotient cap of the Rice code; a gap with q >= QMAX is escaped
+LEN_BITS = 7  # width of the bit-length field of an escaped gap (0..64)
+
+_U8 = np.uint64(8)
+_FF = np.uint64(0xFF)
+
+
+@nb.njit(cache=True, nogil=True)
+def _grow(a, cap):
+    b = np.empty(cap, a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@nb.njit(cache=True, nogil=True)
+def diff_rank(base, new):
+    """One pass over base/new bits (uint16[n] each).
+
+    Returns (idx int64[M], cls uint8[M], rank int64[M], counts int64[256]): the flat positions
+    where ``base != new`` (ascending), the exponent class of the base value there, the rank of the
+    element among the elements of its class (0-based, in flat order), and per-class element totals.
+    """
+    n = base.shape[0]
+    cap = max(1024, n >> 6)
+    idx = np.empty(cap, np.int64)
+    cls = np.empty(cap, np.uint8)
+    rank = np.empty(cap, np.int64)
+    counts = np.zeros(N_CLASSES, np.int64)
+    m = 0
+    for i in range(n):
+        b = base[i]
+        c = (b >> 7) & 0xFF
+        if b != new[i]:
+            if m == cap:
+                cap = min(n, cap * 2)
+                idx = _grow(idx, cap)
+                cls = _grow(cls, cap)
+                rank = _grow(rank, cap)
+            idx[m] = i
+            cls[m] = c
+            rank[m] = counts[c]
+            m += 1
+        counts[c] += 1
+    return idx[:m], cls[:m], rank[:m], counts
+
+
+@nb.njit(cache=True, nogil=True)
+def class_counts(base):
+    """Per-class element totals (int64[256]) of base bits (uint16[n])."""
+    counts = np.zeros(N_CLASSES, np.int64)
+    for i in range(base.shape[0]):
+        counts[(base[i] >> 7) & 0xFF] += 1
+    return counts
+
+
+@nb.njit(cache=True, nogil=True)
+def _bit_length(g):
+    n = 0
+    while g > 0:
+        g >>= np.uint64(1)
+        n += 1
+    return n
+
+
+@nb.njit(cache=True, nogil=True)
+def _put(out, st, value, nbits):
+    # st = [acc, nacc, pos] as uint64; nbits <= 32 and nacc < 8 on entry, so acc never overflows
+    if nbits == 0:
+        return
+    mask = (np.uint64(1) << np.uint64(nbits)) - np.uint64(1)
+    acc = st[0] | ((np.uint64(value) & mask) << st[1])
+    nacc = st[1] + np.uint64(nbits)
+    pos = st[2]
+    while nacc >= _U8:
+        out[pos] = np.uint8(acc & _FF)
+        acc >>= _U8
+        nacc -= _U8
+        pos += np.uint64(1)
+    st[0] = acc
+    st[1] = nacc
+    st[2] = pos
+
+
+@nb.njit(cache=True, nogil=True)
+def _put_wide(out, st, value, nbits):
+    if nbits > 32:
+        _put(out, st, value & np.uint64(0xFFFFFFFF), 32)
+        _put(out, st, value >> np.uint64(32), nbits - 32)
+    else:
+        _put(out, st, value, nbits)
+
+
+@nb.njit(cache=True, nogil=True)
+def rice_bits(gaps, ks):
+    """Exact bit count of :func:`rice_encode` for gaps (uint64[M]) with parameters ks (uint8[M])."""
+    total = 0
+    for j in range(gaps.shape[0]):
+        g = gaps[j]
+        k = ks[j]
+        q = g >> np.uint64(k)
+        if q < QMAX:
+            total += int(q) + 1 + k
+        else:
+            total += QMAX + LEN_BITS + _bit_length(g)
+    return total
+
+
+@nb.njit(cache=True, nogil=True)
+def rice_encode(gaps, ks):
+    """Golomb-Rice code gaps (uint64[M]) with per-gap parameters ks (uint8[M], 0..63).
+
+    A gap g with q = g >> k < QMAX is q one-bits, a zero-bit, then the k low bits of g.
+    Otherwise: QMAX one-bits, g's bit length L in LEN_BITS bits, then g in L bits.
+    Bits are appended LSB-first; the last byte is zero-padded. Returns uint8[ceil(bits/8)].
+    """
+    nbits = rice_bits(gaps, ks)
+    out = np.zeros((nbits + 7) // 8, np.uint8)
+    st = np.zeros(3, np.uint64)
+    for j in range(gaps.shape[0]):
+        g = gaps[j]
+        k = ks[j]
+        q = g >> np.uint64(k)
+        if q < QMAX:
+            _put(out, st, (np.uint64(1) << q) - np.uint64(1), int(q) + 1)
+            _put_wide(out, st, g, k)
+        else:
+            _put(out, st, np.uint64(0xFFFFFFFF), QMAX)
+            L = _bit_length(g)
+            _put(out, st, np.uint64(L), LEN_BITS)
+            _put_wide(out, st, g, L)
+    if st[1] > 0:
+        out[st[2]] = np.uint8(st[0] & _FF)
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def rice_decode(buf, counts, ks):
+    """Decode ``counts[c]`` gaps with parameter ``ks[c]`` for each group c, in order.
+
+    Returns (gaps int64[sum(counts)], status): status 0 on success, 1 if the stream is truncated,
+    2 if bytes or non-zero padding bits remain after the last gap, 3 if a gap overflows int63.
+    """
+    total = 0
+    for c in range(counts.shape[0]):
+        total += counts[c]
+    gaps = np.zeros(total, np.int64)
+    nbytes = buf.shape[0]
+    bitpos = 0
+    o = 0
+    for c in range(counts.shape[0]):
+        k = int(ks[c])
+        for _ in range(counts[c]):
+            # unary quotient
+            q = 0
+            while q < QMAX:
+                if bitpos >= nbytes * 8:
+                    return gaps, 1
+                bit = (buf[bitpos >> 3] >> (bitpos & 7)) & 1
+                bitpos += 1
+                if bit == 0:
+                    break
+                q += 1
+            if q < QMAX:
+                nb_ = k
+            else:
+                if bitpos + LEN_BITS > nbytes * 8:
+                    return gaps, 1
+                nb_ = 0
+                for t in range(LEN_BITS):
+                    nb_ |= ((buf[(bitpos + t) >> 3] >> ((bitpos + t) & 7)) & 1) << t
+                bitpos += LEN_BITS
+                if nb_ > 63:
+                    return gaps, 3
+            if bitpos + nb_ > nbytes * 8:
+                return gaps, 1
+            v = 0
+            for t in range(nb_):
+                v |= int((buf[(bitpos + t) >> 3] >> ((bitpos + t) & 7)) & 1) << t
+            bitpos += nb_
+            if q < QMAX:
+                if k > 0 and q > ((1 << (62 - k)) - 1):
+                    return gaps, 3
+                v = (q << k) | v
+            gaps[o] = v
+            o += 1
+    if (bitpos + 7) // 8 != nbytes:
+        return gaps, 2
+    if bitpos & 7:
+        if buf[nbytes - 1] >> (bitpos & 7) != 0:
+            return gaps, 2
+    return gaps, 0
+
+
+@nb.njit(cache=True, nogil=True)
+def locate_apply(base, mode, rstart, rend, ranks, vstart, vend, dkeys, out_idx, out_new):
+    """The decoder pass over base bits (uint16[n]).
+
+    For each class c (mode[c]: 0 = no change, 1 = ``ranks[rstart[c]:rend[c]]`` are the changed
+    ranks, 2 = they are the UNCHANGED ranks) finds the changed elements, and for each writes its
+    flat index to out_idx (ascending) and its new bits, ``key^-1(key(base) + dkeys[v])``, to
+    out_new, taking v from ``vstart[c]..vend[c]`` in rank order.
+    Returns (q, ptr, vptr): elements written and the final rank/value cursors per class; q == -1
+    means more changes than out_idx holds, -2 that a class ran out of values.
+    """
+    counts = np.zeros(N_CLASSES, np.int64)
+    ptr = rstart.copy()
+    vptr = vstart.copy()
+    m = out_idx.shape[0]
+    q = 0
+    for i in range(base.shape[0]):
+        b = base[i]
+        c = (b >> 7) & 0xFF
+        md = mode[c]
+        if md != 0:
+            r = counts[c]
+            j = ptr[c]
+            hit = j < rend[c] and ranks[j] == r
+            if hit:
+                ptr[c] = j + 1
+            if hit == (md == 1):
+                if q == m:
+                    return -1, ptr, vptr
+                v = vptr[c]
+                if v >= vend[c]:
+                    return -2, ptr, vptr
+                vptr[c] = v + 1
+                key = (b ^ 0xFFFF) if (b & 0x8000) else (b ^ 0x8000)
+                key = (key + dkeys[v]) & 0xFFFF
+                nb_ = (key ^ 0x8000) if (key & 0x8000) else (key ^ 0xFFFF)
+                out_idx[q] = i
+                out_new[q] = nb_
+                q += 1
+        counts[c] += 1
+    return q, ptr, vptr

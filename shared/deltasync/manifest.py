@@ -1,0 +1,181 @@
+"""The bucket manifest: the commit point of every version (JSON, validated with pydantic).
+
+A reader acts only on what the manifest names; payload files are written before the manifest that
+names them and deleted only after a manifest that no longer names them is committed.
+Importing this module does not import torch. Schema and layout: docs/PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Literal
+
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA = "deltasync.manifest/1"
+MANIFEST_PATH = "manifest.json"
+WRITER_PATH = "writer.json"
+
+
+def anchor_dir(version: int) -> str:
+    """Bucket folder of the anchor of ``version``."""
+    return f"anchors/v{version:010d}"
+
+
+def delta_dir(version: int) -> str:
+    """Bucket folder of the delta that produces ``version``."""
+    return f"deltas/v{version:010d}"
+
+
+def part_name(i: int) -> str:
+    return f"part-{i:04d}.safetensors"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class TensorSpec(_Strict):
+    """One checkpoint tensor: HF name, shape, dtype (always "BF16" on the wire)."""
+
+    name: str
+    shape: list[int]
+    dtype: Literal["BF16"] = "BF16"
+
+
+class ModelFingerprint(_Strict):
+    """Names, shapes and dtypes of the published model, with their xxh3-64 digest."""
+
+    tensors: list[TensorSpec]
+    digest: str
+
+    @classmethod
+    def of(cls, shapes: dict[str, tuple[int, ...]]) -> ModelFingerprint:
+        """Fingerprint of {name: shape} (order-independent)."""
+        specs = [TensorSpec(name=n, shape=list(shapes[n])) for n in sorted(shapes)]
+        blob = json.dumps([[s.name, s.shape, s.dtype] for s in specs]).encode()
+        return cls(tensors=specs, digest=xxhash.xxh3_64_hexdigest(blob))
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {t.name: tuple(t.shape) for t in self.tensors}
+
+
+class FileRef(_Strict):
+    """A payload file: bucket path relative to the run root, size in bytes, xxh3-64 of its bytes."""
+
+    path: str
+    bytes: int = Field(ge=0)
+    digest: str
+
+
+class Payload(_Strict):
+    """The files of one anchor or one delta (split by a per-file size cap)."""
+
+    files: list[FileRef]
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+
+class VersionEntry(_Strict):
+    """One published version.
+
+    A version has a delta (from ``base_version``), an anchor (a full snapshot), or both. The first
+    version of a run, and the first after a trainer restart, are anchors only.
+    """
+
+    version: int = Field(ge=0)
+    step: int | None = None  # trainer optimizer step that produced it
+    created_at: float  # unix seconds when committed
+    base_version: int | None = None  # the delta's base; None when there is no delta
+    delta: Payload | None = None
+    anchor: Payload | None = None
+    changed: int = Field(ge=0)  # elements that differ from base_version (0 without a delta)
+    total: int = Field(ge=0)  # elements in the model
+    digest: str  # model digest: xxh3-64 over the sorted per-tensor digests
+    coalesced: int = 0  # unpublished versions folded into this one because uploads fell behind
+    timings_s: dict[str, float] = Field(default_factory=dict)  # diff, encode, write, upload
+
+    @model_validator(mode="after")
+    def _check(self) -> VersionEntry:
+        if self.delta is None and self.anchor is None:
+            raise ValueError(f"version {self.version} has neither a delta nor an anchor")
+        if (self.delta is None) != (self.base_version is None):
+            raise ValueError(f"version {self.version}: base_version must be set iff a delta is")
+        if self.base_version is not None and self.base_version >= self.version:
+            raise ValueError(f"version {self.version}: base {self.base_version} is not older")
+        return self
+
+    @property
+    def density(self) -> float:
+        """Changed elements / total elements of the delta (0.0 for anchor-only versions)."""
+        return self.changed / self.total if self.total else 0.0
+
+
+class Manifest(_Strict):
+    """The run's manifest: ``manifest.json`` at the run root."""
+
+    schema_: Literal["deltasync.manifest/1"] = Field(SCHEMA, alias="schema")
+    run_id: str
+    writer_id: str
+    model: ModelFingerprint
+    versions: list[VersionEntry]  # ascending by version
+    updated_at: float = Field(default_factory=time.time)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _ascending(self) -> Manifest:
+        vs = [v.version for v in self.versions]
+        if any(b <= a for a, b in zip(vs, vs[1:], strict=False)):
+            raise ValueError(f"versions must be strictly ascending, found {vs}")
+        return self
+
+    @property
+    def latest(self) -> VersionEntry | None:
+        return self.versions[-1] if self.versions else None
+
+    def entry(self, version: int) -> VersionEntry | None:
+        for v in self.versions:
+            if v.version == version:
+                return v
+        return None
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(by_alias=True, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Manifest:
+        return cls.model_validate_json(data)
+
+
+class WriterLease(_Strict):
+    """``writer.json``: who writes this run. Refreshed while publishing; stale after ``lease_s``."""
+
+    writer_id: str
+    run_id: str
+    host: str
+    pid: int
+    heartbeat_at: float
+    lease_s: float
+
+
+def model_digest(tensor_digests: dict[str, str]) -> str:
+    """xxh3-64 over ``name:digest`` lines in name order: one digest for a whole model version."""
+    text = "\n".join(f"{n}:{tensor_digests[n]}" for n in sorted(tensor_digests))
+    return xxhash.xxh3_64_hexdigest(text.encode())
+
+
+def retained(versions: list[VersionEntry], keep_anchors: int) -> list[VersionEntry]:
+    """Versions still needed to replay to the newest one from the ``keep_anchors`` newest anchors:
+    everything from the oldest kept anchor on. With fewer anchors than that, everything is kept."""
+    anchors = [v.version for v in versions if v.anchor is not None]
+    if keep_anchors < 1:
+        raise ValueError(f"keep_anchors must be >= 1, found {keep_anchors}")
+    if len(anchors) <= keep_anchors:
+        return list(versions)
+    oldest = anchors[-keep_anchors]
+    return [v for v in versions if v.version >= oldest]

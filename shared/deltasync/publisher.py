@@ -1,0 +1,535 @@
+"""Trainer side of the sync protocol: ``DeltaPublisher``.
+
+``publish(named_tensors, step)`` diffs the model against the last PUBLISHED bf16 snapshot (exact for
+any optimizer and any number of optimizer steps between publishes) and returns; encoding, writing
+and uploading run on a background thread. If uploads fall behind, a version that has not started
+encoding is folded into the next one (coalesced) instead of queueing without bound. Payload files
+are uploaded before the manifest that names them; retention deletes files only after a manifest
+that no longer names them is committed. See docs/PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from . import codec, deltafile
+from .bf16 import digest, to_bf16_bits
+from .errors import ConcurrentWriterError, ManifestError, ModelMismatchError, StoreNotFoundError
+from .manifest import (
+    MANIFEST_PATH,
+    WRITER_PATH,
+    FileRef,
+    Manifest,
+    ModelFingerprint,
+    Payload,
+    VersionEntry,
+    WriterLease,
+    anchor_dir,
+    delta_dir,
+    model_digest,
+    part_name,
+    retained,
+)
+from .store import Store, open_store
+
+log = logging.getLogger("deltasync.publisher")
+
+
+@dataclass
+class PublisherConfig:
+    """Settings of a :class:`DeltaPublisher`.
+
+    Attributes:
+        anchor_every: versions between anchors (a full snapshot), counted from the last anchor.
+        anchor_replay_fraction: also anchor when the delta bytes since the last anchor exceed
+            this fraction of an anchor's bytes, which bounds what a new replica downloads.
+        keep_anchors: retention; versions older than the ``keep_anchors``-th newest anchor are
+            dropped from the manifest and their files deleted.
+        part_bytes: size cap of one payload file in bytes (larger payloads are split, so parts
+            upload and download in parallel and none needs one huge buffer).
+        zstd_level: zstandard level of the value streams (1-22).
+        encode_threads: threads that encode tensors in parallel (the kernels release the GIL).
+        lease_s: the writer lease in seconds; another trainer is refused while it is fresh.
+        takeover: take the run over even if another writer's lease looks fresh.
+    """
+
+    anchor_every: int = 20
+    anchor_replay_fraction: float = 0.5
+    keep_anchors: int = 2
+    part_bytes: int = 512 * 2**20
+    zstd_level: int = 3
+    encode_threads: int = 2
+    lease_s: float = 120.0
+    takeover: bool = False
+
+    def __post_init__(self):
+        if self.anchor_every < 1 or self.keep_anchors < 1 or self.part_bytes < 1:
+            raise ValueError(f"anchor_every, keep_anchors, part_bytes must be >= 1: {self}")
+
+
+@dataclass
+class _Job:
+    version: int
+    step: int | None
+    base_version: int | None  # None: anchor only
+    changes: dict[str, codec.TensorChange]
+    anchor: dict[str, np.ndarray] | None  # immutable copy of the full state, when anchoring
+    digests: dict[str, str]  # post-update digest of every tensor of the model
+    total: int
+    coalesced: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> int:
+        return sum(c.n_changed for c in self.changes.values())
+
+
+class DeltaPublisher:
+    """Publishes model versions to a bucket run as anchors and sparse deltas.
+
+    Args:
+        store: a Store or URI (see ``deltasync.store``); the run lives at its root.
+        run_id: a name for the run; default: the existing manifest's, else a new uuid.
+        config: :class:`PublisherConfig`.
+
+    Raises:
+        ConcurrentWriterError: another trainer holds a fresh writer lease on this run.
+        ManifestError: the existing manifest is unreadable, or belongs to another ``run_id``.
+    """
+
+    def __init__(self, store: Store | str, run_id: str | None = None, config=None):
+        self.store = open_store(store)
+        self.config = config or PublisherConfig()
+        self.writer_id = uuid.uuid4().hex[:12]
+        self.manifest = self._read_manifest()
+        if self.manifest and run_id and self.manifest.run_id != run_id:
+            raise ManifestError(
+                f"{self.store.uri} holds run {self.manifest.run_id!r}, not {run_id!r}: "
+                "use another bucket prefix for a new run, or pass the same run_id to continue"
+            )
+        self.run_id = run_id or (self.manifest.run_id if self.manifest else uuid.uuid4().hex[:12])
+        self._acquire_lease()
+        latest = self.manifest.latest if self.manifest else None
+        self._next_version = latest.version + 1 if latest else 0
+        self._snapshot: dict[str, np.ndarray] | None = None
+        self._snap_version: int | None = None
+        self._digests: dict[str, str] = {}
+        self._fingerprint: ModelFingerprint | None = None
+        self._since_anchor = 0  # versions since the last anchor (diffed, not only committed)
+        self._delta_bytes_since_anchor = 0
+        self._anchor_bytes = 0
+        self._cv = threading.Condition()
+        self._pending: _Job | None = None
+        self._busy = False
+        self._error: BaseException | None = None
+        self._closed = False
+        self._lease_at = time.time()
+        self._pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-encode")
+        self._thread = threading.Thread(target=self._run, name="deltasync-publisher", daemon=True)
+        self._thread.start()
+        self.published: list[VersionEntry] = []  # entries committed by this publisher
+
+    # ----------------------------------------------------------------------------- trainer side
+    def publish(self, named_tensors: Iterable[tuple[str, Any]], step: int | None = None) -> int:
+        """Diff the model against the last published snapshot and queue the new version.
+
+        Args:
+            named_tensors: (checkpoint name, tensor) pairs covering the whole model, in HF names;
+                torch tensors of any float dtype/device (cast to bf16) or np.uint16 bf16 bits.
+            step: the trainer's optimizer step, recorded in the manifest.
+
+        Returns:
+            The new version number (versions increase by one per call).
+
+        Raises:
+            ModelMismatchError: names or shapes differ from the first published version.
+            The error of a failed background upload, if one happened since the last call.
+        """
+        t0 = time.perf_counter()
+        with self._cv:
+            self._raise_error()
+            if self._closed:
+                raise RuntimeError("publish() after close()")
+            version = self._next_version
+            self._next_version += 1
+            if self._snapshot is None:
+                job = self._first(named_tensors, version, step)
+            else:
+                job = self._diff(named_tensors, version, step)
+            job.timings["diff_s"] = time.perf_counter() - t0
+            self._pending = job
+            self._snap_version = job.version
+            self._cv.notify_all()
+        log.debug("diffed v%d: %d changed in %.3fs", version, job.changed, job.timings["diff_s"])
+        return version
+
+    def _first(self, named_tensors, version, step) -> _Job:
+        snap = {}
+        for name, t in named_tensors:
+            if name in snap:
+                raise ModelMismatchError(f"tensor {name!r} given twice; names must be unique")
+            snap[name] = np.array(to_bf16_bits(t), copy=True)
+        if not snap:
+            raise ModelMismatchError("publish() got no tensors; pass model.named_parameters()")
+        fp = ModelFingerprint.of({n: a.shape for n, a in snap.items()})
+        if self.manifest and self.manifest.model.digest != fp.digest:
+            raise ModelMismatchError(
+                f"the model's names/shapes (fingerprint {fp.digest}) differ from run "
+                f"{self.run_id!r} in {self.store.uri} ({self.manifest.model.digest}); "
+                "publish the same architecture or start a new run in another prefix"
+            )
+        self._fingerprint = fp
+        self._snapshot = snap
+        self._digests = {n: digest(a) for n, a in snap.items()}
+        self._since_anchor = 0
+        anchor = {n: a.copy() for n, a in snap.items()}
+        total = sum(a.size for a in snap.values())
+        return _Job(version, step, None, {}, anchor, dict(self._digests), total)
+
+    def _diff(self, named_tensors, version, step) -> _Job:
+        snap = self._snapshot
+        base_version = self._snap_version
+        coalesced, force_anchor = 0, False
+        pending = self._pending
+        if pending is not None:  # not started: fold it into this version
+            coalesced, force_anchor = pending.coalesced + 1, pending.anchor is not None
+            base_version = pending.base_version
+            self._pending = None
+            if base_version is None:  # it was an anchor-only version: publish anchor-only again
+                self._snapshot = None
+                job = self._first(named_tensors, version, step)
+                job.coalesced = coalesced
+                return job
+            for name, ch in pending.changes.items():
+                snap[name].reshape(-1)[ch.idx] = ch.old_bits
+                self._digests[name] = digest(snap[name])
+        changes, seen = {}, set()
+        for name, t in named_tensors:
+            if name not in snap or name in seen:
+                raise ModelMismatchError(
+                    f"tensor {name!r} is not in the published model or given twice; "
+                    f"expected the {len(snap)} tensors of the first version"
+                )
+            seen.add(name)
+            bits = to_bf16_bits(t)
+            if bits.shape != snap[name].shape:
+                raise ModelMismatchError(
+                    f"{name}: expected shape {snap[name].shape}, found {bits.shape}"
+                )
+            ch = codec.diff(snap[name], bits)
+            if ch.n_changed:
+                snap[name].reshape(-1)[ch.idx] = ch.new_bits
+                self._digests[name] = digest(snap[name])
+                changes[name] = ch
+        if len(seen) != len(snap):
+            missing = sorted(set(snap) - seen)[:5]
+            raise ModelMismatchError(f"publish() is missing tensors, e.g. {missing}")
+        self._since_anchor += 1
+        anchor_due = (
+            force_anchor
+            or self._since_anchor >= self.config.anchor_every
+            or (
+                self._anchor_bytes
+                and self._delta_bytes_since_anchor
+                > self.config.anchor_replay_fraction * self._anchor_bytes
+            )
+        )
+        anchor = None
+        if anchor_due:
+            anchor = {n: a.copy() for n, a in snap.items()}
+            self._since_anchor = 0
+        total = sum(a.size for a in snap.values())
+        return _Job(
+            version, step, base_version, changes, anchor, dict(self._digests), total, coalesced
+        )
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued version is committed. Raises a background error, if any."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while (self._pending is not None or self._busy) and self._error is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"uploads still running after {timeout}s")
+                self._cv.wait(left)
+            self._raise_error()
+
+    def close(self) -> None:
+        """Flush, stop the background thread and release the writer lease."""
+        try:
+            self.flush()
+        finally:
+            with self._cv:
+                self._closed = True
+                self._cv.notify_all()
+            self._thread.join()
+            self._pool.shutdown()
+            if self._error is None:
+                self._release_lease()
+
+    def __enter__(self) -> DeltaPublisher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def latest_committed(self) -> int | None:
+        """The newest version committed to the manifest, or None."""
+        m = self.manifest
+        return m.latest.version if m and m.latest else None
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    # ----------------------------------------------------------------------- background thread
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._pending is None and not self._closed:
+                    self._cv.wait(self.config.lease_s / 3)
+                    if self._pending is None and not self._closed:
+                        self._refresh_lease_quiet()
+                if self._pending is None and self._closed:
+                    return
+                job, self._pending = self._pending, None
+                self._busy = True
+            try:
+                self._commit(job)
+            except BaseException as e:  # kept and re-raised to the trainer by publish()/flush()
+                log.error("publishing v%d failed: %r", job.version, e)
+                with self._cv:
+                    self._error = e
+                    self._busy = False
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def _commit(self, job: _Job) -> None:
+        t0 = time.perf_counter()
+        delta = anchor = None
+        if job.base_version is not None:
+            names = sorted(job.changes)
+            level = self.config.zstd_level
+            encoded = self._pool.map(lambda n: codec.encode(job.changes[n], level), names)
+            blobs = dict(zip(names, encoded, strict=True))
+            job.timings["encode_s"] = time.perf_counter() - t0
+            delta = self._write_delta(job, blobs)
+        t1 = time.perf_counter()
+        if job.anchor is not None:
+            anchor = self._write_anchor(job)
+        job.timings["write_upload_s"] = time.perf_counter() - t1
+        entry = VersionEntry(
+            version=job.version,
+            step=job.step,
+            created_at=time.time(),
+            base_version=job.base_version,
+            delta=delta,
+            anchor=anchor,
+            changed=job.changed,
+            total=job.total,
+            digest=model_digest(job.digests),
+            coalesced=job.coalesced,
+            timings_s={k: round(v, 6) for k, v in job.timings.items()},
+        )
+        self._commit_manifest(entry)
+        if anchor is not None:
+            self._anchor_bytes = anchor.bytes
+            self._delta_bytes_since_anchor = 0
+        elif delta is not None:
+            self._delta_bytes_since_anchor += delta.bytes
+        self.published.append(entry)
+        kind = "anchor+delta" if delta and anchor else ("anchor" if anchor else "delta")
+        nbytes = (delta.bytes if delta else 0) + (anchor.bytes if anchor else 0)
+        log.info(
+            "publish v%d %s base=%s step=%s changed=%d density=%.4f%% bytes=%d B/chg=%.3f "
+            "coalesced=%d diff=%.3fs encode=%.3fs write+upload=%.3fs",
+            job.version, kind, job.base_version, job.step, job.changed, 100 * entry.density,
+            nbytes, (delta.bytes / job.changed) if delta and job.changed else 0.0,
+            job.coalesced, job.timings.get("diff_s", 0), job.timings.get("encode_s", 0),
+            job.timings.get("write_upload_s", 0),
+        )  # fmt: skip
+
+    def _stage(self, rel: str) -> tuple[str, str | None]:
+        """Local path to write ``rel`` to, and a temp dir to clean (None when writing in place)."""
+        local = self.store.local_path(rel)
+        if local is not None:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            return local, None
+        tmp = tempfile.mkdtemp(prefix="deltasync-")
+        return os.path.join(tmp, os.path.basename(rel)), tmp
+
+    def _upload(self, paths: list[tuple[str, str]]) -> list[FileRef]:
+        """(local, rel) pairs -> FileRefs; uploads in parallel unless the store is local."""
+
+        def one(lr):
+            local, rel = lr
+            size = os.path.getsize(local)
+            with open(local, "rb") as f:
+                h = xxhash.xxh3_64()
+                for chunk in iter(lambda: f.read(1 << 24), b""):
+                    h.update(chunk)
+            if self.store.local_path(rel) is None:
+                self.store.put_file(local, rel)
+            return FileRef(path=rel, bytes=size, digest=h.hexdigest())
+
+        return list(self._pool.map(one, paths))
+
+    def _write_delta(self, job: _Job, blobs: dict[str, bytes]) -> Payload:
+        shapes = {n: self._snapshot_shape(n) for n in blobs}
+        groups = deltafile.split_parts(
+            [(n, len(b)) for n, b in blobs.items()], self.config.part_bytes
+        )
+        paths, tmps = [], []
+        for i, names in enumerate(groups):
+            rel = f"{delta_dir(job.version)}/{part_name(i)}"
+            local, tmp = self._stage(rel)
+            tmps.append(tmp)
+            deltafile.write_delta_part(
+                local, {n: blobs[n] for n in names}, shapes, job.digests,
+                {n: job.changes[n].n_changed for n in names}, job.version, job.base_version,
+                self.run_id, i, len(groups),
+            )  # fmt: skip
+            paths.append((local, rel))
+        try:
+            return Payload(files=self._upload(paths))
+        finally:
+            for t in tmps:
+                if t:
+                    shutil.rmtree(t, ignore_errors=True)
+
+    def _write_anchor(self, job: _Job) -> Payload:
+        names = sorted(job.anchor)
+        groups = deltafile.split_parts(
+            [(n, job.anchor[n].nbytes) for n in names], self.config.part_bytes
+        )
+        files = []
+        for i, group in enumerate(groups):
+            rel = f"{anchor_dir(job.version)}/{part_name(i)}"
+            local, tmp = self._stage(rel)
+            try:
+                deltafile.write_anchor_part(
+                    local, {n: job.anchor[n] for n in group}, job.digests, job.version,
+                    self.run_id, i, len(groups),
+                )  # fmt: skip
+                files += self._upload([(local, rel)])
+            finally:
+                if tmp:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        job.anchor = None  # free the copy
+        return Payload(files=files)
+
+    def _snapshot_shape(self, name: str) -> tuple[int, ...]:
+        return self._fingerprint.shapes()[name] if self._fingerprint else ()
+
+    # ------------------------------------------------------------------------ manifest + lease
+    def _read_manifest(self) -> Manifest | None:
+        try:
+            data = self.store.read_bytes(MANIFEST_PATH)
+        except StoreNotFoundError:
+            return None
+        try:
+            return Manifest.from_json(data)
+        except ValueError as e:
+            raise ManifestError(
+                f"{self.store.uri}/{MANIFEST_PATH} is not a valid deltasync manifest ({e}); "
+                "point the trainer at an empty prefix or repair the file"
+            ) from e
+
+    def _commit_manifest(self, entry: VersionEntry) -> None:
+        current = self._read_manifest()
+        if current is not None and current.writer_id != self.writer_id:
+            mine = self.manifest
+            if mine is None or current.updated_at != mine.updated_at:
+                raise ConcurrentWriterError(
+                    f"{self.store.uri}: the manifest was changed by writer {current.writer_id!r} "
+                    f"while this trainer ({self.writer_id}) was publishing; stop one of them"
+                )
+        versions = list(current.versions) if current else []
+        versions = [v for v in versions if v.version < entry.version] + [entry]
+        kept = retained(versions, self.config.keep_anchors)
+        dropped = [v for v in versions if v not in kept]
+        manifest = Manifest(
+            run_id=self.run_id,
+            writer_id=self.writer_id,
+            model=self._fingerprint,
+            versions=kept,
+            updated_at=time.time(),
+        )
+        self.store.write_bytes(MANIFEST_PATH, manifest.to_json())
+        self.manifest = manifest
+        self._refresh_lease()
+        # garbage-collect only after the manifest that drops them is committed
+        for v in dropped:
+            files = (v.delta.files if v.delta else []) + (v.anchor.files if v.anchor else [])
+            self.store.rm([f.path for f in files])
+        if dropped:
+            log.info("retention: dropped versions %s", [v.version for v in dropped])
+
+    def _lease(self) -> WriterLease:
+        return WriterLease(
+            writer_id=self.writer_id,
+            run_id=self.run_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            heartbeat_at=time.time(),
+            lease_s=self.config.lease_s,
+        )
+
+    def _acquire_lease(self) -> None:
+        try:
+            other = WriterLease.model_validate_json(self.store.read_bytes(WRITER_PATH))
+        except StoreNotFoundError:
+            other = None
+        if other is not None and not self.config.takeover:
+            age = time.time() - other.heartbeat_at
+            if age < other.lease_s:
+                raise ConcurrentWriterError(
+                    f"{self.store.uri} is being written by writer {other.writer_id} on "
+                    f"{other.host} (pid {other.pid}), last heartbeat {age:.0f}s ago. Stop that "
+                    f"trainer, wait {other.lease_s - age:.0f}s for its lease to expire, or pass "
+                    "takeover=True if it is dead"
+                )
+        self.store.write_bytes(WRITER_PATH, self._lease().model_dump_json().encode())
+
+    def _refresh_lease(self) -> None:
+        lease = WriterLease.model_validate_json(self.store.read_bytes(WRITER_PATH))
+        if lease.writer_id != self.writer_id:
+            raise ConcurrentWriterError(
+                f"{self.store.uri}: writer {lease.writer_id} on {lease.host} took this run over; "
+                f"this trainer ({self.writer_id}) stops publishing"
+            )
+        self.store.write_bytes(WRITER_PATH, self._lease().model_dump_json().encode())
+        self._lease_at = time.time()
+
+    def _refresh_lease_quiet(self) -> None:
+        if time.time() - self._lease_at > self.config.lease_s / 3:
+            try:
+                self._refresh_lease()
+            except Exception as e:  # recorded; the trainer sees it on its next publish()/flush()
+                self._error = e
+
+    def _release_lease(self) -> None:
+        try:
+            lease = WriterLease.model_validate_json(self.store.read_bytes(WRITER_PATH))
+        except StoreNotFoundError:
+            return
+        if lease.writer_id == self.writer_id:
+            self.store.rm([WRITER_PATH])
