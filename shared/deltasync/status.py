@@ -1,0 +1,125 @@
+"""Status objects in the bucket, shared by replicas, the trainer and the dashboard.
+
+Sync lag is defined once, here: ``lag_versions = trainer_version - replica_version`` and
+``lag_s`` = seconds from the publish (manifest commit) of the newest version to now while a replica
+is behind, 0 when it holds the newest. The same names appear in logs, heartbeats and the dashboard.
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import StoreNotFoundError
+from .store import Store
+
+REPLICAS_DIR = "replicas"
+TRAINER_METRICS_PATH = "metrics/trainer.json"
+
+
+def heartbeat_path(replica_id: str) -> str:
+    """Bucket path of a replica's heartbeat: ``replicas/<replica_id>.json``."""
+    if not replica_id or "/" in replica_id:
+        raise ValueError(f"expected a replica id without '/', found {replica_id!r}")
+    return f"{REPLICAS_DIR}/{replica_id}.json"
+
+
+def lag_versions(trainer_version: int | None, replica_version: int | None) -> int | None:
+    """Trainer version minus replica version (None while either is unknown)."""
+    if trainer_version is None or replica_version is None:
+        return None
+    return max(0, trainer_version - replica_version)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SyncRecord(_Strict):
+    """One sync of a replica: from ``from_version`` to ``version`` (one or more steps)."""
+
+    version: int
+    from_version: int | None
+    kind: Literal["delta", "anchor", "chain"]  # chain: several deltas applied in one pause
+    steps: int = 1
+    bytes: int  # downloaded payload bytes
+    fetch_s: float  # download + digest + parse, while still serving
+    decode_s: float  # decode + verify, while still serving
+    paused_s: float  # generation paused: apply + version bookkeeping
+    apply_s: float  # the in-memory apply inside the pause
+    published_at: float  # unix s: manifest commit of ``version``
+    applied_at: float  # unix s: generation resumed on ``version``
+    apply_path: str = ""  # "in-place" | "reload" | "cpu-dict"
+
+    @property
+    def lag_s(self) -> float:
+        """Seconds from publish to applied."""
+        return self.applied_at - self.published_at
+
+
+class ReplicaHeartbeat(_Strict):
+    """``replicas/<replica_id>.json``: what a replica holds and how its syncs went."""
+
+    replica_id: str
+    held_version: int | None
+    newest_seen: int | None
+    lag_versions: int | None
+    lag_s: float
+    status: Literal["starting", "ok", "syncing", "error", "recovering", "stopped"]
+    apply_path: str = ""
+    last_error: str | None = None
+    errors: int = 0
+    updated_at: float = Field(default_factory=time.time)
+    recent: list[SyncRecord] = Field(default_factory=list)  # newest last, bounded
+
+
+class StepMetrics(_Strict):
+    """Metrics of one trainer step (None where not measured)."""
+
+    step: int
+    version: int | None = None
+    time: float = Field(default_factory=time.time)
+    reward: float | None = None
+    loss: float | None = None
+    staleness: dict[str, int] = Field(default_factory=dict)  # histogram: "0": n, "1": n, ...
+    diff_s: float | None = None
+    encode_s: float | None = None
+    upload_s: float | None = None
+    bytes: int | None = None
+    density: float | None = None
+
+
+class TrainerMetrics(_Strict):
+    """``metrics/trainer.json``: the trainer's recent steps, rewritten after each step."""
+
+    run_id: str
+    updated_at: float = Field(default_factory=time.time)
+    steps: list[StepMetrics] = Field(default_factory=list)
+
+
+def write_heartbeat(store: Store, hb: ReplicaHeartbeat, keep_recent: int = 50) -> None:
+    """Write a heartbeat, keeping its ``keep_recent`` newest sync records."""
+    hb.recent = hb.recent[-keep_recent:]
+    store.write_bytes(heartbeat_path(hb.replica_id), hb.model_dump_json().encode())
+
+
+def read_heartbeats(store: Store) -> dict[str, ReplicaHeartbeat]:
+    """All replica heartbeats in the bucket, by replica id ({} if none).
+
+    Raises:
+        pydantic.ValidationError: a heartbeat file is malformed.
+    """
+    out = {}
+    for path in store.ls(REPLICAS_DIR):
+        if not path.endswith(".json"):
+            continue
+        try:
+            data = store.read_bytes(path)
+        except StoreNotFoundError:  # deleted between list and read: the replica left
+            continue
+        hb = ReplicaHeartbeat.model_validate_json(data)
+        out[hb.replica_id] = hb
+    return out
