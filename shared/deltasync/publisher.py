@@ -123,6 +123,7 @@ class DeltaPublisher:
             )
         self.run_id = run_id or (self.manifest.run_id if self.manifest else uuid.uuid4().hex[:12])
         self._acquire_lease()
+        self._remove_orphans()
         latest = self.manifest.latest if self.manifest else None
         self._next_version = latest.version + 1 if latest else 0
         self._snapshot: dict[str, np.ndarray] | None = None
@@ -164,12 +165,13 @@ class DeltaPublisher:
             self._raise_error()
             if self._closed:
                 raise RuntimeError("publish() after close()")
+            named = self._validated(named_tensors)
             version = self._next_version
-            self._next_version += 1
             if self._snapshot is None:
-                job = self._first(named_tensors, version, step)
+                job = self._first(named, version, step)
             else:
-                job = self._diff(named_tensors, version, step)
+                job = self._diff(named, version, step)
+            self._next_version += 1
             job.timings["diff_s"] = time.perf_counter() - t0
             self._pending = job
             self._snap_version = job.version
@@ -177,22 +179,32 @@ class DeltaPublisher:
         log.debug("diffed v%d: %d changed in %.3fs", version, job.changed, job.timings["diff_s"])
         return version
 
-    def _first(self, named_tensors, version, step) -> _Job:
-        snap = {}
-        for name, t in named_tensors:
-            if name in snap:
+    def _validated(self, named_tensors) -> list[tuple[str, Any]]:
+        """Check names and shapes before anything changes, so bad input leaves no trace."""
+        named = list(named_tensors)
+        shapes = {}
+        for name, t in named:
+            if name in shapes:
                 raise ModelMismatchError(f"tensor {name!r} given twice; names must be unique")
-            snap[name] = np.array(to_bf16_bits(t), copy=True)
-        if not snap:
+            shapes[name] = tuple(t.shape)
+        if not shapes:
             raise ModelMismatchError("publish() got no tensors; pass model.named_parameters()")
-        fp = ModelFingerprint.of({n: a.shape for n, a in snap.items()})
-        if self.manifest and self.manifest.model.digest != fp.digest:
+        fp = self._fingerprint or (self.manifest.model if self.manifest else None)
+        if fp is not None and fp.digest != ModelFingerprint.of(shapes).digest:
+            want = fp.shapes()
+            missing = sorted(set(want) - set(shapes))[:3]
+            extra = sorted(set(shapes) - set(want))[:3]
+            wrong = [(n, want[n], shapes[n]) for n in want if n in shapes and want[n] != shapes[n]]
             raise ModelMismatchError(
-                f"the model's names/shapes (fingerprint {fp.digest}) differ from run "
-                f"{self.run_id!r} in {self.store.uri} ({self.manifest.model.digest}); "
-                "publish the same architecture or start a new run in another prefix"
+                f"the tensors differ from run {self.run_id!r} in {self.store.uri}: "
+                f"missing {missing}, unexpected {extra}, wrong shape (name, expected, found) "
+                f"{wrong[:3]}; publish the same architecture or start a new run elsewhere"
             )
-        self._fingerprint = fp
+        return named
+
+    def _first(self, named, version, step) -> _Job:
+        snap = {name: np.array(to_bf16_bits(t), copy=True) for name, t in named}
+        self._fingerprint = ModelFingerprint.of({n: a.shape for n, a in snap.items()})
         self._snapshot = snap
         self._digests = {n: digest(a) for n, a in snap.items()}
         self._since_anchor = 0
@@ -200,7 +212,7 @@ class DeltaPublisher:
         total = sum(a.size for a in snap.values())
         return _Job(version, step, None, {}, anchor, dict(self._digests), total)
 
-    def _diff(self, named_tensors, version, step) -> _Job:
+    def _diff(self, named, version, step) -> _Job:
         snap = self._snapshot
         base_version = self._snap_version
         coalesced, force_anchor = 0, False
@@ -211,33 +223,19 @@ class DeltaPublisher:
             self._pending = None
             if base_version is None:  # it was an anchor-only version: publish anchor-only again
                 self._snapshot = None
-                job = self._first(named_tensors, version, step)
+                job = self._first(named, version, step)
                 job.coalesced = coalesced
                 return job
             for name, ch in pending.changes.items():
                 snap[name].reshape(-1)[ch.idx] = ch.old_bits
                 self._digests[name] = digest(snap[name])
-        changes, seen = {}, set()
-        for name, t in named_tensors:
-            if name not in snap or name in seen:
-                raise ModelMismatchError(
-                    f"tensor {name!r} is not in the published model or given twice; "
-                    f"expected the {len(snap)} tensors of the first version"
-                )
-            seen.add(name)
-            bits = to_bf16_bits(t)
-            if bits.shape != snap[name].shape:
-                raise ModelMismatchError(
-                    f"{name}: expected shape {snap[name].shape}, found {bits.shape}"
-                )
-            ch = codec.diff(snap[name], bits)
+        changes = {}
+        for name, t in named:
+            ch = codec.diff(snap[name], to_bf16_bits(t))
             if ch.n_changed:
                 snap[name].reshape(-1)[ch.idx] = ch.new_bits
                 self._digests[name] = digest(snap[name])
                 changes[name] = ch
-        if len(seen) != len(snap):
-            missing = sorted(set(snap) - seen)[:5]
-            raise ModelMismatchError(f"publish() is missing tensors, e.g. {missing}")
         self._since_anchor += 1
         anchor_due = (
             force_anchor
@@ -482,6 +480,20 @@ class DeltaPublisher:
             self.store.rm([f.path for f in files])
         if dropped:
             log.info("retention: dropped versions %s", [v.version for v in dropped])
+
+    def _remove_orphans(self) -> None:
+        """Delete payload files no manifest names (left by a writer that died before its
+        manifest commit). Safe: only the lease holder writes payloads."""
+        m = self.manifest
+        named = set()
+        for v in m.versions if m else []:
+            for payload in (v.delta, v.anchor):
+                if payload is not None:
+                    named.update(f.path for f in payload.files)
+        orphans = [p for d in ("anchors", "deltas") for p in self.store.ls(d) if p not in named]
+        if orphans:
+            log.info("removing %d orphaned payload files, e.g. %s", len(orphans), orphans[:3])
+            self.store.rm(orphans)
 
     def _lease(self) -> WriterLease:
         return WriterLease(

@@ -1,0 +1,120 @@
+"""``WordleEnv``: the OpenEnv client of the Wordle Space (one WebSocket session per instance).
+
+Built on openenv-core's ``EnvClient``; it never imports the server. Async by default,
+``.sync()`` gives the blocking wrapper::
+
+    async with WordleEnv(base_url="https://<space>.hf.space") as env:
+        result = await env.reset(seed=7)
+        result = await env.step("[crane]")
+        print(result.observation.feedback, result.reward, result.done)
+
+Server error frames raise :class:`WordleServerError` (``.code`` is the server's code, e.g.
+``CAPACITY_REACHED`` -> :class:`WordleCapacityError`, ``SESSION_EXPIRED`` ->
+:class:`WordleSessionExpiredError`); game errors (invalid guesses) do not raise, they come
+back in ``observation.error_code`` / ``observation.error``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openenv.core.client_types import StepResult
+from openenv.core.env_client import EnvClient
+
+from deltasync.wordle.models import WordleAction, WordleObservation, WordleState
+
+
+class WordleServerError(RuntimeError):
+    """The server answered with an error frame.
+
+    Attributes:
+        code: the server's error code (openenv-core's ``WSErrorCode`` values or the Space's
+            ``MESSAGE_TOO_LARGE`` / ``INVALID_MESSAGE`` / ``SESSION_EXPIRED``).
+        data: the whole ``data`` object of the frame.
+    """
+
+    def __init__(self, code: str, message: str, data: dict[str, Any]) -> None:
+        super().__init__(f"server error {code}: {message}")
+        self.code = code
+        self.data = data
+
+
+class WordleCapacityError(WordleServerError):
+    """The server already holds its maximum number of sessions; retry later or raise its cap
+    (``WORDLE_MAX_SESSIONS``)."""
+
+
+class WordleSessionExpiredError(WordleServerError):
+    """The server closed this session after it sat idle; open a new client and reset."""
+
+
+_ERRORS_BY_CODE: dict[str, type[WordleServerError]] = {
+    "CAPACITY_REACHED": WordleCapacityError,
+    "SESSION_EXPIRED": WordleSessionExpiredError,
+}
+
+
+class WordleEnv(EnvClient[WordleAction, WordleObservation, WordleState]):
+    """Client of one Wordle session.
+
+    Args:
+        base_url: ``http(s)://`` or ``ws(s)://`` address of the Space; ``/ws`` is appended.
+        **kwargs: passed to ``EnvClient`` (``connect_timeout_s``, ``message_timeout_s``, ...).
+    """
+
+    async def reset(  # type: ignore[override]
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        target: str | None = None,
+    ) -> StepResult[WordleObservation]:
+        """Start a new game in this session.
+
+        Args:
+            seed: picks the target deterministically (the same in every session).
+            episode_id: id reported by ``state()``.
+            target: play this exact word (tests); not together with ``seed``.
+
+        Raises:
+            WordleServerError: e.g. ``EXECUTION_ERROR`` for unusable options, with the
+                server's explanation.
+        """
+        options = {"seed": seed, "episode_id": episode_id, "target": target}
+        return await super().reset(**{k: v for k, v in options.items() if v is not None})
+
+    async def step(  # type: ignore[override]
+        self, action: WordleAction | str, **kwargs: Any
+    ) -> StepResult[WordleObservation]:
+        """Send one message (a ``WordleAction`` or its text, e.g. ``"[crane]"``)."""
+        if isinstance(action, str):
+            action = WordleAction(message=action)
+        return await super().step(action, **kwargs)
+
+    async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
+        await self._send(message)
+        response = await self._receive()
+        if response.get("type") == "error":
+            data = response.get("data") or {}
+            code = str(data.get("code", "UNKNOWN"))
+            error_cls = _ERRORS_BY_CODE.get(code, WordleServerError)
+            raise error_cls(code, str(data.get("message", "no message")), data)
+        return response
+
+    def _step_payload(self, action: WordleAction) -> dict[str, Any]:
+        return action.model_dump(exclude_defaults=True) | {"message": action.message}
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[WordleObservation]:
+        fields = dict(payload.get("observation") or {})
+        breakdown = fields.get("reward_breakdown") or {}
+        observation = WordleObservation.model_validate(
+            {
+                **fields,
+                "reward": payload.get("reward"),
+                "done": payload.get("done", False),
+                "metadata": {"reward_breakdown": breakdown},
+            }
+        )
+        return StepResult(observation=observation, reward=observation.reward, done=observation.done)
+
+    def _parse_state(self, payload: dict[str, Any]) -> WordleState:
+        return WordleState.model_validate(payload)

@@ -1,0 +1,88 @@
+"""The bucket store (deltasync.store): atomic local writes, listing, retries of transient errors,
+immediate typed failures for missing objects and refused credentials, URI validation."""
+
+import os
+
+import pytest
+from deltasync.errors import StoreAuthError, StoreError, StoreNotFoundError
+from deltasync.store import Store
+
+
+def test_roundtrip_and_listing(store_uri):
+    s = Store(store_uri)
+    s.write_bytes("a/b/c.bin", b"123")
+    s.write_bytes("a/d.bin", b"45")
+    assert s.read_bytes("a/b/c.bin") == b"123"
+    assert sorted(s.ls("a")) == ["a/b/c.bin", "a/d.bin"]
+    assert s.ls("nothing-here") == []
+    s.rm(["a/d.bin", "a/never-existed"])
+    assert not s.exists("a/d.bin")
+    with pytest.raises(StoreNotFoundError, match="does not exist"):
+        s.read_bytes("a/d.bin")
+
+
+def test_put_and_get_file(store_uri, tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    s = Store(store_uri)
+    s.put_file(str(src), "big/part-0000.safetensors")
+    dst = tmp_path / "dst.bin"
+    s.get_file("big/part-0000.safetensors", str(dst))
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def test_local_write_is_atomic_and_leaves_no_temp(tmp_path):
+    s = Store(str(tmp_path / "b"))
+    s.write_bytes("manifest.json", b"old")
+    s.write_bytes("manifest.json", b"new")
+    assert s.read_bytes("manifest.json") == b"new"
+    assert os.listdir(tmp_path / "b") == ["manifest.json"]
+
+
+def test_transient_errors_are_retried(tmp_path, monkeypatch):
+    s = Store(str(tmp_path / "b"), backoff_s=0.001)
+    s.write_bytes("x", b"1")
+    calls = []
+    real = s.fs.cat_file
+
+    def flaky(path, *a, **k):
+        calls.append(path)
+        if len(calls) < 3:
+            raise ConnectionError("reset by peer")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(s.fs, "cat_file", flaky)
+    assert s.read_bytes("x") == b"1"
+    assert len(calls) == 3
+
+
+def test_persistent_transient_error_raises_store_error(tmp_path, monkeypatch):
+    s = Store(str(tmp_path / "b"), retries=2, backoff_s=0.001)
+
+    def down(*a, **k):
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(s.fs, "cat_file", down)
+    with pytest.raises(StoreError, match="after 2 attempts"):
+        s.read_bytes("x")
+
+
+def test_auth_error_fails_at_once(tmp_path, monkeypatch):
+    s = Store(str(tmp_path / "b"), backoff_s=10)  # a retry would make this test hang
+    calls = []
+
+    def refused(*a, **k):
+        calls.append(1)
+        raise PermissionError("401 Unauthorized")
+
+    monkeypatch.setattr(s.fs, "cat_file", refused)
+    with pytest.raises(StoreAuthError, match="HF_TOKEN"):
+        s.read_bytes("x")
+    assert len(calls) == 1
+
+
+def test_uri_validation():
+    with pytest.raises(ValueError, match="hf://buckets"):
+        Store("hf://datasets/someone/repo")
+    with pytest.raises(ValueError, match="expected a store URI"):
+        Store("")
