@@ -23,7 +23,6 @@ import numpy as np
 import zstandard
 
 from . import kernels
-from .bf16 import order_key
 from .errors import DeltaCorruptError
 
 ENCODING = "ulp-expclass-rice/1"
@@ -73,45 +72,31 @@ def diff(base_bits: np.ndarray, new_bits: np.ndarray) -> TensorChange:
         raise ValueError(f"expected np.uint16 bf16 bits, found {base_bits.dtype}/{new_bits.dtype}")
     b = np.ascontiguousarray(base_bits).reshape(-1)
     x = np.ascontiguousarray(new_bits).reshape(-1)
-    idx, cls, rank, counts = kernels.diff_rank(b, x)
-    return TensorChange(idx, cls, rank, counts, b[idx], x[idx])
-
-
-def _bit_length(g: np.ndarray) -> np.ndarray:
-    return np.where(g > 0, np.frexp(g.astype(np.float64))[1], 0).astype(np.int64)
+    idx, cls, rank, counts, old, new = kernels.diff_rank(b, x)
+    return TensorChange(idx, cls, rank, counts, old, new)
 
 
 def _choose_k(gaps: np.ndarray) -> int:
-    """Rice parameter minimising the exact coded size of gaps (int64[m] >= 0)."""
+    """Rice parameter minimising the exact coded size of gaps (int64[m] >= 0): the best of the
+    few parameters around the one a geometric fit of the mean suggests."""
     if gaps.size == 0:
         return 0
-    mean = float(gaps.mean())
-    k0 = int(np.floor(np.log2(max(mean * 0.69, 1.0))))
-    bl = None
-    best_k, best = 0, None
-    for k in range(max(0, k0 - 1), min(63, k0 + 3) + 1):
-        q = gaps >> k
-        esc = q >= kernels.QMAX
-        cost = int((q[~esc] + 1 + k).sum())
-        if esc.any():
-            bl = _bit_length(gaps) if bl is None else bl
-            cost += int((kernels.QMAX + kernels.LEN_BITS + bl[esc]).sum())
-        if best is None or cost < best:
-            best_k, best = k, cost
-    return best_k
+    k0 = int(np.floor(np.log2(max(float(gaps.mean()) * 0.69, 1.0))))
+    ks = range(max(0, k0 - 1), min(62, k0 + 2) + 1)
+    return min(ks, key=lambda k: kernels.rice_cost(gaps, k))
 
 
 def encode(change: TensorChange, zstd_level: int = 3) -> bytes:
     """Encode a :class:`TensorChange` as a blob (layout in docs/PROTOCOL.md). Deterministic."""
-    order = np.argsort(change.cls, kind="stable")
-    cls_s = change.cls[order]
-    rank_s = change.rank[order]
-    classes, starts, m_counts = np.unique(cls_s, return_index=True, return_counts=True)
+    starts, ranks_all, z = kernels.group_by_class(
+        change.cls, change.rank, change.old_bits, change.new_bits
+    )
+    classes = np.flatnonzero(np.diff(starts))
     table = np.zeros(len(classes), _TABLE)
     gap_parts, k_parts = [], []
-    for row, (c, s, m) in enumerate(zip(classes, starts, m_counts, strict=True)):
-        ranks = rank_s[s : s + m]
-        n_cls = int(change.counts[c])
+    for row, c in enumerate(classes):
+        ranks = ranks_all[starts[c] : starts[c + 1]]
+        m, n_cls = len(ranks), int(change.counts[c])
         if 2 * m > n_cls:
             keep = np.ones(n_cls, bool)
             keep[ranks] = False
@@ -126,10 +111,8 @@ def encode(change: TensorChange, zstd_level: int = 3) -> bytes:
     gaps_all = np.concatenate(gap_parts) if gap_parts else np.zeros(0, np.uint64)
     ks_all = np.concatenate(k_parts) if k_parts else np.zeros(0, np.uint8)
     rice = kernels.rice_encode(gaps_all, ks_all)
-    # values: ulp step (order-key difference mod 2**16), zigzag, minus one (it is never zero)
-    d = order_key(change.new_bits[order]).astype(np.int32) - order_key(change.old_bits[order])
-    d = ((d + 0x8000) & 0xFFFF) - 0x8000  # to int16 range
-    z = (((d << 1) ^ (d >> 15)) & 0xFFFF) - 1
+    # values: ulp step (order-key difference as int16), zigzag, minus one (it is never zero);
+    # one byte each, 255 escapes to a uint16 stored after all value bytes
     zb = np.minimum(z, 255).astype(np.uint8)
     esc = z[z >= 255].astype("<u2")
     body = table.tobytes() + zb.tobytes() + esc.tobytes()

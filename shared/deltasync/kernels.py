@@ -19,43 +19,107 @@ _U8 = np.uint64(8)
 _FF = np.uint64(0xFF)
 
 
-@nb.njit(cache=True, nogil=True)
-def _grow(a, cap):
-    b = np.empty(cap, a.dtype)
-    b[: a.shape[0]] = a
-    return b
+CHUNK = 1 << 20  # elements per diff_rank_chunk call: bounds the scratch buffers
 
 
 @nb.njit(cache=True, nogil=True)
-def diff_rank(base, new):
-    """One pass over base/new bits (uint16[n] each).
+def diff_rank_chunk(base, new, start, stop, counts4, out_idx, out_cls, out_rank, out_old, out_new):
+    """One pass over ``base[start:stop]`` vs ``new[start:stop]`` (uint16 bf16 bits).
 
-    Returns (idx int64[M], cls uint8[M], rank int64[M], counts int64[256]): the flat positions
-    where ``base != new`` (ascending), the exponent class of the base value there, the rank of the
-    element among the elements of its class (0-based, in flat order), and per-class element totals.
+    Writes, for each position where the bits differ (ascending), its flat index, the exponent
+    class of the base value, its rank among the elements of that class seen so far, and the old
+    and new bits. ``counts4`` (int64[4, 256]) holds per-class counts split over four interleaved
+    counters (which breaks the store-to-load chain on runs of one class); it is carried across
+    chunks. The out arrays need ``stop - start`` slots. Returns the number of changes written.
     """
-    n = base.shape[0]
-    cap = max(1024, n >> 6)
-    idx = np.empty(cap, np.int64)
-    cls = np.empty(cap, np.uint8)
-    rank = np.empty(cap, np.int64)
-    counts = np.zeros(N_CLASSES, np.int64)
     m = 0
-    for i in range(n):
+    for i in range(start, stop):
         b = base[i]
         c = (b >> 7) & 0xFF
-        if b != new[i]:
-            if m == cap:
-                cap = min(n, cap * 2)
-                idx = _grow(idx, cap)
-                cls = _grow(cls, cap)
-                rank = _grow(rank, cap)
-            idx[m] = i
-            cls[m] = c
-            rank[m] = counts[c]
+        x = new[i]
+        if b != x:
+            out_idx[m] = i
+            out_cls[m] = c
+            out_rank[m] = counts4[0, c] + counts4[1, c] + counts4[2, c] + counts4[3, c]
+            out_old[m] = b
+            out_new[m] = x
             m += 1
-        counts[c] += 1
-    return idx[:m], cls[:m], rank[:m], counts
+        counts4[i & 3, c] += 1
+    return m
+
+
+def diff_rank(base: np.ndarray, new: np.ndarray):
+    """Changes between base and new bits (flat, C-contiguous uint16[n] each).
+
+    Returns (idx int64[M], cls uint8[M], rank int64[M], counts int64[256], old uint16[M],
+    new uint16[M]): the flat positions where ``base != new`` (ascending), the exponent class of
+    the base value there, the rank of the element among the elements of its class (0-based, in
+    flat order), per-class totals, and the bits before and after.
+    """
+    n = base.shape[0]
+    counts4 = np.zeros((4, N_CLASSES), np.int64)
+    size = min(n, CHUNK)
+    bufs = (
+        np.empty(size, np.int64), np.empty(size, np.uint8), np.empty(size, np.int64),
+        np.empty(size, np.uint16), np.empty(size, np.uint16),
+    )  # fmt: skip
+    parts = []
+    for start in range(0, n, CHUNK):
+        m = diff_rank_chunk(base, new, start, min(n, start + CHUNK), counts4, *bufs)
+        if m:
+            parts.append(tuple(b[:m].copy() for b in bufs))
+    counts = counts4.sum(axis=0)
+    if not parts:
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64))
+        return (*empty, counts, np.zeros(0, np.uint16), np.zeros(0, np.uint16))
+    idx, cls, rank, old, newb = (np.concatenate(col) for col in zip(*parts, strict=True))
+    return idx, cls, rank, counts, old, newb
+
+
+@nb.njit(cache=True, nogil=True)
+def group_by_class(cls, rank, old, new):
+    """Counting sort of M changes by class (stable). Returns (starts int64[257], ranks int64[M],
+    z uint16[M]): class c's changes are ``[starts[c], starts[c+1])``, ranks ascending, and z is
+    each change's value code: zigzag(order_key(new) - order_key(old) as int16) - 1."""
+    m = cls.shape[0]
+    starts = np.zeros(N_CLASSES + 1, np.int64)
+    for j in range(m):
+        starts[cls[j] + 1] += 1
+    for c in range(N_CLASSES):
+        starts[c + 1] += starts[c]
+    fill = starts[:N_CLASSES].copy()
+    ranks = np.empty(m, np.int64)
+    z = np.empty(m, np.uint16)
+    for j in range(m):
+        c = cls[j]
+        o = fill[c]
+        fill[c] = o + 1
+        ranks[o] = rank[j]
+        b = np.int64(old[j])
+        x = np.int64(new[j])
+        kb = (b ^ 0xFFFF) if (b & 0x8000) else (b ^ 0x8000)
+        kx = (x ^ 0xFFFF) if (x & 0x8000) else (x ^ 0x8000)
+        d = ((kx - kb + 0x8000) & 0xFFFF) - 0x8000
+        z[o] = (((d << 1) ^ (d >> 15)) & 0xFFFF) - 1
+    return starts, ranks, z
+
+
+@nb.njit(cache=True, nogil=True)
+def rice_cost(gaps, k):
+    """Exact bits of the Rice code of gaps (int64[m] >= 0) with parameter k."""
+    total = 0
+    for j in range(gaps.shape[0]):
+        g = gaps[j]
+        q = g >> k
+        if q < QMAX:
+            total += q + 1 + k
+        else:
+            n = 0
+            while g > 0:
+                g >>= 1
+                n += 1
+            total += QMAX + LEN_BITS + n
+    return total
 
 
 @nb.njit(cache=True, nogil=True)

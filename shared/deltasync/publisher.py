@@ -62,7 +62,8 @@ class PublisherConfig:
         part_bytes: size cap of one payload file in bytes (larger payloads are split, so parts
             upload and download in parallel and none needs one huge buffer).
         zstd_level: zstandard level of the value streams (1-22).
-        encode_threads: threads that encode tensors in parallel (the kernels release the GIL).
+        encode_threads: threads that diff and encode tensors in parallel (the kernels release
+            the GIL); the default suits the 2-core CPU default, use more on a big trainer host.
         lease_s: the writer lease in seconds; another trainer is refused while it is fresh.
         takeover: take the run over even if another writer's lease looks fresh.
     """
@@ -140,6 +141,7 @@ class DeltaPublisher:
         self._closed = False
         self._lease_at = time.time()
         self._pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-encode")
+        self._diff_pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-diff")
         self._thread = threading.Thread(target=self._run, name="deltasync-publisher", daemon=True)
         self._thread.start()
         self.published: list[VersionEntry] = []  # entries committed by this publisher
@@ -187,6 +189,11 @@ class DeltaPublisher:
             if name in shapes:
                 raise ModelMismatchError(f"tensor {name!r} given twice; names must be unique")
             shapes[name] = tuple(t.shape)
+            if isinstance(t, np.ndarray) and t.dtype != np.uint16:
+                raise TypeError(
+                    f"{name}: expected bf16 bits as np.uint16 or a torch tensor, found numpy "
+                    f"{t.dtype}; pass the torch parameter itself"
+                )
         if not shapes:
             raise ModelMismatchError("publish() got no tensors; pass model.named_parameters()")
         fp = self._fingerprint or (self.manifest.model if self.manifest else None)
@@ -229,13 +236,19 @@ class DeltaPublisher:
             for name, ch in pending.changes.items():
                 snap[name].reshape(-1)[ch.idx] = ch.old_bits
                 self._digests[name] = digest(snap[name])
-        changes = {}
-        for name, t in named:
+
+        def one(item):  # distinct tensors per thread; the kernels release the GIL
+            name, t = item
             ch = codec.diff(snap[name], to_bf16_bits(t))
-            if ch.n_changed:
-                snap[name].reshape(-1)[ch.idx] = ch.new_bits
-                self._digests[name] = digest(snap[name])
-                changes[name] = ch
+            if not ch.n_changed:
+                return name, None, None
+            snap[name].reshape(-1)[ch.idx] = ch.new_bits
+            return name, ch, digest(snap[name])
+
+        changes = {}
+        for name, ch, dg in self._diff_pool.map(one, named):
+            if ch is not None:
+                changes[name], self._digests[name] = ch, dg
         self._since_anchor += 1
         anchor_due = (
             force_anchor
@@ -276,6 +289,7 @@ class DeltaPublisher:
                 self._cv.notify_all()
             self._thread.join()
             self._pool.shutdown()
+            self._diff_pool.shutdown()
             if self._error is None:
                 self._release_lease()
 

@@ -145,16 +145,18 @@ def test_model_mismatch_refused(store_uri, trainer):
 def test_coalescing_when_uploads_fall_behind(store_uri, trainer, monkeypatch):
     import threading
 
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
     pub = DeltaPublisher(store_uri)
     real_commit = pub._commit
 
     def slow_commit(job):
+        entered.set()
         gate.wait(10)
         real_commit(job)
 
     monkeypatch.setattr(pub, "_commit", slow_commit)
-    v0 = pub.publish(trainer.named(), step=0)  # taken by the thread, blocked on the gate
+    v0 = pub.publish(trainer.named(), step=0)
+    assert entered.wait(10)  # v0 is being uploaded (blocked on the gate): later ones queue
     truth = {}
     for s in range(1, 6):
         trainer.step()

@@ -11,15 +11,19 @@ Built on openenv-core's ``EnvClient``; it never imports the server. Async by def
 Server error frames raise :class:`WordleServerError` (``.code`` is the server's code, e.g.
 ``CAPACITY_REACHED`` -> :class:`WordleCapacityError`, ``SESSION_EXPIRED`` ->
 :class:`WordleSessionExpiredError`); game errors (invalid guesses) do not raise, they come
-back in ``observation.error_code`` / ``observation.error``.
+back in ``observation.error_code`` / ``observation.error``. A connection the server closed
+without a reason raises ``ConnectionError``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
+from websockets.exceptions import ConnectionClosed
 
 from deltasync.wordle.models import WordleAction, WordleObservation, WordleState
 
@@ -91,14 +95,34 @@ class WordleEnv(EnvClient[WordleAction, WordleObservation, WordleState]):
         return await super().step(action, **kwargs)
 
     async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
-        await self._send(message)
-        response = await self._receive()
+        try:
+            await self._send(message)
+            response = await self._receive()
+        except ConnectionClosed as closed:
+            # A server that closes a session (capacity reached, idle expiry) says why in an
+            # error frame just before the close; raise that reason, not the bare close.
+            last = await self._last_frame()
+            if last is None:
+                raise ConnectionError(
+                    f"the server closed this session ({closed}); create a new client and reset"
+                ) from closed
+            response = last
         if response.get("type") == "error":
             data = response.get("data") or {}
             code = str(data.get("code", "UNKNOWN"))
             error_cls = _ERRORS_BY_CODE.get(code, WordleServerError)
             raise error_cls(code, str(data.get("message", "no message")), data)
         return response
+
+    async def _last_frame(self) -> dict[str, Any] | None:
+        """A frame the server sent before closing, still buffered; None when there is none."""
+        if self._ws is None:
+            return None
+        try:
+            raw = await asyncio.wait_for(self._ws.recv(), timeout=1.0)
+        except (ConnectionClosed, asyncio.TimeoutError):
+            return None
+        return json.loads(raw)
 
     def _step_payload(self, action: WordleAction) -> dict[str, Any]:
         return action.model_dump(exclude_defaults=True) | {"message": action.message}

@@ -1,0 +1,651 @@
+"""The dashboard's data layer: a run's bucket -> pandas DataFrames. Imports neither torch nor gradio.
+
+It reads only ``manifest.json``, ``replicas/<id>.json`` and ``metrics/trainer.json`` (never payload
+files), and re-reads a file only when its size or modification stamp changed (one ``info`` per file
+and one listing of ``replicas/`` per poll). Parsed objects are cached, and what was seen is kept in
+a bounded history, so plots keep versions, syncs and steps that retention or the heartbeat's
+bounded ``recent`` list have since dropped.
+
+Sync lag uses the one definition of ``deltasync.status``: ``lag_versions`` = trainer version -
+replica version; ``lag_s`` = seconds from the publish of the trainer's newest version to the moment
+considered, while the replica is behind (0 when it holds the newest). Times are unix seconds in the
+objects and naive UTC ``datetime64`` in the frames' ``time`` columns.
+
+States of a :class:`Snapshot`: ``waiting`` (no folder, no manifest, no version yet, or a manifest
+that does not parse, e.g. half-written), ``ok``, and ``error`` (the bucket cannot be read: the
+message names the URI and why). Errors are turned into these states on purpose and logged; nothing
+here raises for a bad bucket.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pandas as pd
+
+from ..errors import StoreAuthError, StoreError, StoreNotFoundError
+from ..manifest import MANIFEST_PATH, Manifest, VersionEntry
+from ..status import (
+    REPLICAS_DIR,
+    TRAINER_METRICS_PATH,
+    ReplicaHeartbeat,
+    StepMetrics,
+    SyncRecord,
+    TrainerMetrics,
+    lag_versions,
+)
+from ..store import Store, _classify
+
+log = logging.getLogger("deltasync.dashboard")
+
+BYTES_PER_MB = 1e6  # "MB" in the frames and plots is 10^6 bytes
+
+# Columns of every frame, so empty frames still have them (plots and tests rely on this).
+COLUMNS: dict[str, list[str]] = {
+    # held version of each replica and the trainer's newest version over time (series: "trainer"
+    # or a replica id)
+    "versions": ["time", "version", "series"],
+    # lag per replica over time; source: "sync" (just before / at each apply) or "heartbeat"
+    "lag": ["time", "replica", "lag_versions", "lag_s", "source"],
+    # one row per payload (a version with an anchor and a delta has two): kind "delta" | "anchor"
+    "payloads": ["version", "step", "kind", "mb", "bytes", "files", "time"],
+    # one row per version; marker: "delta", "anchor" or "anchor+delta" (anchor markers)
+    "density": [
+        "version",
+        "step",
+        "density",
+        "density_pct",
+        "changed",
+        "total",
+        "coalesced",
+        "marker",
+        "time",
+    ],  # fmt: skip
+    # one row per sync record; lag_s here is publish -> apply of ``version`` (SyncRecord.lag_s)
+    "syncs": [
+        "time",
+        "replica",
+        "version",
+        "from_version",
+        "kind",
+        "steps",
+        "mb",
+        "bytes",
+        "fetch_s",
+        "decode_s",
+        "paused_s",
+        "apply_s",
+        "lag_s",
+        "apply_path",
+    ],  # fmt: skip
+    # the same syncs in long form: phase "fetch" | "decode" | "apply" | "paused"
+    "sync_phases": ["time", "replica", "version", "phase", "seconds"],
+    # one row per trainer step
+    "training": [
+        "step",
+        "time",
+        "version",
+        "reward",
+        "loss",
+        "staleness_mean",
+        "diff_s",
+        "encode_s",
+        "upload_s",
+        "mb",
+        "density",
+    ],  # fmt: skip
+    # the staleness histogram in long form: staleness (versions, as text) -> sample count
+    "staleness": ["step", "staleness", "count"],
+    # one row per replica heartbeat currently in the bucket
+    "status": [
+        "replica",
+        "health",
+        "status",
+        "held_version",
+        "trainer_version",
+        "lag_versions",
+        "lag_s",
+        "heartbeat_age_s",
+        "errors",
+        "last_error",
+        "apply_path",
+    ],  # fmt: skip
+}
+
+# Fields of an fsspec ``info`` dict that change when an object is rewritten (any backend).
+_CHANGE_FIELDS = (
+    "mtime", "created", "LastModified", "last_modified", "ETag", "etag", "md5", "blob_id",
+    "xet_hash", "sha", "last_commit",
+)  # fmt: skip
+
+
+def empty_frame(name: str) -> pd.DataFrame:
+    """An empty frame with the columns of ``COLUMNS[name]``."""
+    return pd.DataFrame(columns=COLUMNS[name])
+
+
+def _frame(name: str, rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=COLUMNS[name])
+    if "time" in df.columns:
+        df["time"] = pd.to_datetime(df["time"].astype("float64"), unit="s")
+    return df
+
+
+def _change_key(info: dict) -> tuple | None:
+    """A key that changes when the object is rewritten, or None when the backend gives none."""
+    stamps = tuple((k, str(info[k])) for k in _CHANGE_FIELDS if info.get(k) is not None)
+    return (info.get("size"), *stamps) if stamps else None
+
+
+@dataclass
+class ReadStats:
+    """What one poll cost: ``stat_calls`` (info/listing requests), ``files_read``, ``bytes_read``."""
+
+    stat_calls: int = 0
+    files_read: int = 0
+    bytes_read: int = 0
+
+
+@dataclass
+class Snapshot:
+    """What the dashboard shows after one poll of the bucket.
+
+    Attributes:
+        uri: the bucket URI as given.
+        state: "waiting" (no version yet), "ok", or "error" (the bucket cannot be read).
+        message: one line for people: what the state means, with the URI and the reason.
+        read_at: unix seconds of the poll.
+        run_id: the manifest's run id (None before the first manifest).
+        trainer_version: newest version in the manifest (None before the first).
+        trainer_published_at: unix seconds of that version's commit.
+        warnings: files skipped this poll (malformed heartbeat, metrics), one line each.
+        frames: {name: DataFrame} with the columns of ``COLUMNS``.
+        stats: what this poll read.
+    """
+
+    uri: str
+    state: Literal["waiting", "ok", "error"]
+    message: str
+    read_at: float
+    run_id: str | None = None
+    trainer_version: int | None = None
+    trainer_published_at: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+    stats: ReadStats = field(default_factory=ReadStats)
+
+    def frame(self, name: str) -> pd.DataFrame:
+        """The frame ``name`` (an empty one with its columns if it was not built)."""
+        return self.frames.get(name, empty_frame(name))
+
+    def markdown(self) -> str:
+        """A short Markdown summary: state, run, trainer version, replicas, warnings."""
+        lines = [f"**{self.state.upper()}**: {self.message}"]
+        if self.run_id is not None:
+            age = self.read_at - self.trainer_published_at if self.trainer_published_at else None
+            age_txt = f", published {age:.0f} s ago" if age is not None else ""
+            lines.append(
+                f"run `{self.run_id}` · trainer version **{self.trainer_version}**{age_txt}"
+            )
+        status = self.frame("status")
+        if len(status):
+            flagged = status[~status["health"].isin(["ok", "starting", "stopped"])]
+            lines.append(f"{len(status)} replica(s), {len(flagged)} flagged")
+        for w in self.warnings:
+            lines.append(f"warning: {w}")
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.read_at))
+        lines.append(
+            f"<small>read {stamp} · {self.stats.files_read} file(s), "
+            f"{self.stats.bytes_read} bytes, {self.stats.stat_calls} stat call(s)</small>"
+        )
+        return "  \n".join(lines)
+
+
+class BucketReader:
+    """Polls one run's bucket cheaply and keeps what it saw.
+
+    Args:
+        uri: the run root: a folder, ``file://``, ``memory://``, ``hf://buckets/...``, ``s3://``.
+        stalled_after_s: a replica whose heartbeat is older than this (seconds) is flagged
+            STALLED.
+        history: most versions, syncs per replica, heartbeat samples per replica and trainer steps
+            kept for the plots.
+        retries: attempts per storage call (kept low: the next poll retries anyway).
+        store: an already opened Store for ``uri`` (tests); default: opened on the first poll.
+
+    Thread-safe: concurrent :meth:`read` calls are serialised.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        stalled_after_s: float = 30.0,
+        history: int = 5000,
+        retries: int = 2,
+        store: Store | None = None,
+    ):
+        if not uri:
+            raise ValueError("expected a bucket URI (a folder, file://, memory://, hf://, s3://)")
+        if stalled_after_s <= 0 or history < 1:
+            raise ValueError(
+                f"expected stalled_after_s > 0 and history >= 1, found {stalled_after_s}, {history}"
+            )
+        self.uri = uri
+        self.stalled_after_s = stalled_after_s
+        self.history = history
+        self.retries = retries
+        self._store = store
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[tuple, object]] = {}  # path -> (change key, parsed object)
+        self._stats = ReadStats()
+        self._reset_history(None)
+
+    def _reset_history(self, run_id: str | None) -> None:
+        self._run_id = run_id
+        self._versions: dict[int, VersionEntry] = {}
+        self._syncs: dict[str, dict[tuple[int, float], SyncRecord]] = {}
+        self._samples: dict[str, dict[float, ReplicaHeartbeat]] = {}
+        self._steps: dict[int, StepMetrics] = {}
+        self._heartbeats: dict[str, ReplicaHeartbeat] = {}
+        self._manifest: Manifest | None = None
+
+    # ------------------------------------------------------------------------------ reading
+    def read(self, now: float | None = None) -> Snapshot:
+        """Poll the bucket once and build every frame.
+
+        Args:
+            now: unix seconds to compute heartbeat ages and lag against (default: the clock).
+
+        Returns:
+            A :class:`Snapshot`; bucket problems become its ``waiting``/``error`` state.
+        """
+        with self._lock:
+            now = time.time() if now is None else now
+            self._stats = ReadStats()
+            warnings: list[str] = []
+            try:
+                state, message = self._poll(warnings)
+            except (StoreError, OSError) as e:  # shown in the UI on purpose: the next poll retries
+                log.warning("dashboard: cannot read %s: %s", self.uri, e)
+                state, message = "error", f"cannot read `{self.uri}`: {e}"
+            m = self._manifest
+            latest = m.latest if m else None
+            return Snapshot(
+                uri=self.uri,
+                state=state,
+                message=message,
+                read_at=now,
+                run_id=m.run_id if m else None,
+                trainer_version=latest.version if latest else None,
+                trainer_published_at=latest.created_at if latest else None,
+                warnings=warnings,
+                frames=self._frames(now),
+                stats=self._stats,
+            )
+
+    def _open(self) -> tuple[Store | None, str]:
+        """The Store, or None and why (a local folder that does not exist yet is not created)."""
+        if self._store is not None:
+            return self._store, ""
+        uri = self.uri
+        if "://" not in uri or uri.startswith("file://"):
+            path = uri[len("file://") :] if uri.startswith("file://") else os.path.abspath(uri)
+            if not os.path.exists(path):
+                return None, f"`{uri}` does not exist yet: waiting for the first version"
+            if not os.path.isdir(path):
+                raise StoreError("it is a file, not a folder: pass the run's root folder")
+        try:
+            self._store = Store(uri, retries=self.retries, backoff_s=0.2)
+        except ValueError as e:  # bad URI (e.g. hf:// not a bucket, unknown protocol)
+            raise StoreError(f"not a usable store URI: {e}") from e
+        return self._store, ""
+
+    def _poll(self, warnings: list[str]) -> tuple[str, str]:
+        store, why = self._open()
+        if store is None:
+            return "waiting", why
+        manifest_state, manifest_msg = self._read_manifest(store, warnings)
+        self._read_heartbeats(store, warnings)
+        self._read_metrics(store, warnings)
+        return manifest_state, manifest_msg
+
+    def _full(self, store: Store, path: str) -> str:
+        return f"{store.root}/{path}"
+
+    def _fs_call(self, store: Store, what: str, path: str, fn):
+        """Run an fsspec call; FileNotFoundError -> None, other errors -> typed StoreErrors."""
+        self._stats.stat_calls += 1
+        try:
+            return fn()
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # re-raised as the typed error deltasync.store would raise
+            where = f"{store.uri}/{path}"
+            kind = _classify(e)
+            if kind == "missing":
+                return None
+            if kind == "auth":
+                raise StoreAuthError(f"{what} {where}: access refused ({e!r})") from e
+            raise StoreError(f"{what} {where} failed: {e!r}") from e
+
+    def _stat(self, store: Store, path: str) -> dict | None:
+        full = self._full(store, path)
+        inv = getattr(store.fs, "invalidate_cache", None)
+        if inv is not None:
+            inv(full)
+        return self._fs_call(store, "stat", path, lambda: store.fs.info(full))
+
+    def _read_cached(self, store: Store, path: str, info: dict | None, parse):
+        """Parsed content of ``path``, re-read only if its change key moved; None if absent.
+
+        Raises:
+            ValueError (pydantic.ValidationError): the content does not parse.
+            StoreError: the store failed.
+        """
+        if info is None:
+            self._cache.pop(path, None)
+            return None
+        key = _change_key(info)
+        hit = self._cache.get(path)
+        if key is not None and hit is not None and hit[0] == key:
+            return hit[1]
+        try:
+            data = store.read_bytes(path)
+        except StoreNotFoundError:  # deleted between stat and read
+            self._cache.pop(path, None)
+            return None
+        self._stats.files_read += 1
+        self._stats.bytes_read += len(data)
+        self._cache.pop(path, None)
+        obj = parse(data)
+        if key is not None:
+            self._cache[path] = (key, obj)
+        return obj
+
+    def _read_manifest(self, store: Store, warnings: list[str]) -> tuple[str, str]:
+        info = self._stat(store, MANIFEST_PATH)
+        try:
+            manifest = self._read_cached(store, MANIFEST_PATH, info, Manifest.from_json)
+        except ValueError as e:  # half-written or damaged: recovered by waiting for a good one
+            first = str(e).splitlines()[0]
+            log.warning("dashboard: %s/%s does not parse: %s", self.uri, MANIFEST_PATH, first)
+            if self._manifest is not None:
+                warnings.append(
+                    f"{MANIFEST_PATH} does not parse ({first}); showing the last good one"
+                )
+                return "ok", self._ok_message()
+            return "waiting", (
+                f"`{self.uri}/{MANIFEST_PATH}` is not a valid manifest yet ({first}): waiting for "
+                "the first version; if this persists the file is damaged"
+            )
+        if manifest is None:
+            if self._manifest is not None:
+                warnings.append(f"{MANIFEST_PATH} disappeared; showing the last one read")
+                return "ok", self._ok_message()
+            payloads = [p for d in ("anchors", "deltas") for p in self._ls(store, d)]
+            detail = (
+                f"{len(payloads)} payload file(s) but no {MANIFEST_PATH} yet: the trainer is "
+                "writing its first version"
+                if payloads
+                else f"no {MANIFEST_PATH} yet"
+            )
+            return "waiting", f"`{self.uri}`: {detail}; waiting for the first version"
+        if manifest.run_id != self._run_id:
+            if self._run_id is not None:
+                log.info("dashboard: %s now holds run %s (was %s)", self.uri, manifest.run_id,
+                         self._run_id)  # fmt: skip
+            self._reset_history(manifest.run_id)
+        self._manifest = manifest
+        for v in manifest.versions:
+            self._versions[v.version] = v
+        _trim(self._versions, self.history)
+        if not manifest.versions:
+            return "waiting", f"`{self.uri}`: run {manifest.run_id} has no version yet"
+        return "ok", self._ok_message()
+
+    def _ok_message(self) -> str:
+        m = self._manifest
+        n = len(m.versions) if m else 0
+        return f"`{self.uri}`: {n} version(s) in the manifest"
+
+    def _ls(self, store: Store, prefix: str) -> dict[str, dict]:
+        """{relative path: info} of the objects under ``prefix`` ({} if none)."""
+        base = self._full(store, prefix)
+        inv = getattr(store.fs, "invalidate_cache", None)
+        if inv is not None:
+            inv(base)
+        found = self._fs_call(store, "list", prefix, lambda: store.fs.find(base, detail=True))
+        n = len(store.root) + 1
+        return {p[n:]: info for p, info in (found or {}).items()}
+
+    def _read_heartbeats(self, store: Store, warnings: list[str]) -> None:
+        listing = self._ls(store, REPLICAS_DIR)
+        heartbeats = {}
+        for path, info in sorted(listing.items()):
+            name = path.rsplit("/", 1)[-1]
+            if not name.endswith(".json") or name.startswith("."):  # ".tmp-*": a write underway
+                continue
+            try:
+                hb = self._read_cached(store, path, info, ReplicaHeartbeat.model_validate_json)
+            except ValueError as e:  # one bad heartbeat must not hide the others: skip it
+                first = str(e).splitlines()[0]
+                log.warning("dashboard: skipping %s/%s: %s", self.uri, path, first)
+                warnings.append(f"{path} does not parse ({first}); skipped")
+                continue
+            if hb is None:
+                continue
+            heartbeats[hb.replica_id] = hb
+            samples = self._samples.setdefault(hb.replica_id, {})
+            samples[hb.updated_at] = hb
+            _trim(samples, self.history)
+            syncs = self._syncs.setdefault(hb.replica_id, {})
+            for rec in hb.recent:
+                syncs[(rec.version, rec.applied_at)] = rec
+            _trim(syncs, self.history)
+        for cached in [p for p in self._cache if p.startswith(REPLICAS_DIR + "/")]:
+            if cached not in listing:  # the replica left
+                del self._cache[cached]
+        self._heartbeats = heartbeats
+
+    def _read_metrics(self, store: Store, warnings: list[str]) -> None:
+        info = self._stat(store, TRAINER_METRICS_PATH)
+        try:
+            metrics = self._read_cached(
+                store, TRAINER_METRICS_PATH, info, TrainerMetrics.model_validate_json
+            )
+        except ValueError as e:  # skipped this poll; the trainer rewrites it every step
+            first = str(e).splitlines()[0]
+            log.warning("dashboard: skipping %s/%s: %s", self.uri, TRAINER_METRICS_PATH, first)
+            warnings.append(f"{TRAINER_METRICS_PATH} does not parse ({first}); skipped")
+            return
+        if metrics is None:
+            return
+        for s in metrics.steps:
+            self._steps[s.step] = s
+        _trim(self._steps, self.history)
+
+    # ------------------------------------------------------------------------------- frames
+    def _frames(self, now: float) -> dict[str, pd.DataFrame]:
+        versions = [self._versions[k] for k in sorted(self._versions)]
+        return {
+            "versions": self._versions_frame(versions, now),
+            "lag": self._lag_frame(versions),
+            "payloads": _payloads_frame(versions),
+            "density": _density_frame(versions),
+            "syncs": self._syncs_frame(),
+            "sync_phases": self._phases_frame(),
+            "training": self._training_frame(),
+            "staleness": self._staleness_frame(),
+            "status": self._status_frame(now),
+        }
+
+    def _versions_frame(self, versions: list[VersionEntry], now: float) -> pd.DataFrame:
+        rows = [{"time": v.created_at, "version": v.version, "series": "trainer"} for v in versions]
+        if versions:  # the trainer still holds its newest version now
+            rows.append({"time": now, "version": versions[-1].version, "series": "trainer"})
+        for rid in sorted(self._samples):
+            points = {r.applied_at: r.version for r in self._syncs.get(rid, {}).values()}
+            for t, hb in self._samples[rid].items():
+                if hb.held_version is not None:
+                    points[t] = hb.held_version
+            rows += [{"time": t, "version": points[t], "series": rid} for t in sorted(points)]
+        return _frame("versions", rows)
+
+    def _lag_frame(self, versions: list[VersionEntry]) -> pd.DataFrame:
+        """Lag at each sync (just before: ``applied_at - paused_s`` on ``from_version``; at
+        ``applied_at`` on ``version``) and at each heartbeat seen (as the replica reported it)."""
+        times = [v.created_at for v in versions]
+
+        def lag_at(t: float, held: int | None) -> tuple[int | None, float | None]:
+            i = bisect.bisect_right(times, t)
+            if i == 0 or held is None:
+                return None, None
+            newest = versions[i - 1]
+            lv = lag_versions(newest.version, held)
+            return lv, (t - newest.created_at if lv else 0.0)
+
+        rows = []
+        for rid in sorted(self._samples):
+            for rec in sorted(self._syncs.get(rid, {}).values(), key=lambda r: r.applied_at):
+                for t, held in ((rec.applied_at - rec.paused_s, rec.from_version),
+                                (rec.applied_at, rec.version)):  # fmt: skip
+                    lv, ls = lag_at(t, held)
+                    if lv is not None:
+                        rows.append({"time": t, "replica": rid, "lag_versions": lv,
+                                     "lag_s": ls, "source": "sync"})  # fmt: skip
+            for t, hb in sorted(self._samples[rid].items()):
+                if hb.lag_versions is not None:
+                    rows.append({"time": t, "replica": rid, "lag_versions": hb.lag_versions,
+                                 "lag_s": hb.lag_s, "source": "heartbeat"})  # fmt: skip
+        df = _frame("lag", rows)
+        return df.sort_values(["replica", "time"], kind="stable").reset_index(drop=True)
+
+    def _sync_records(self) -> list[tuple[str, SyncRecord]]:
+        out = [(rid, r) for rid, recs in self._syncs.items() for r in recs.values()]
+        return sorted(out, key=lambda x: (x[1].applied_at, x[0]))
+
+    def _syncs_frame(self) -> pd.DataFrame:
+        rows = [
+            {
+                "time": r.applied_at,
+                "replica": rid,
+                "version": r.version,
+                "from_version": r.from_version,
+                "kind": r.kind,
+                "steps": r.steps,
+                "mb": r.bytes / BYTES_PER_MB,
+                "bytes": r.bytes,
+                "fetch_s": r.fetch_s,
+                "decode_s": r.decode_s,
+                "paused_s": r.paused_s,
+                "apply_s": r.apply_s,
+                "lag_s": r.lag_s,
+                "apply_path": r.apply_path,
+            }  # fmt: skip
+            for rid, r in self._sync_records()
+        ]
+        return _frame("syncs", rows)
+
+    def _phases_frame(self) -> pd.DataFrame:
+        rows = [
+            {
+                "time": r.applied_at,
+                "replica": rid,
+                "version": r.version,
+                "phase": phase,
+                "seconds": getattr(r, f"{phase}_s"),
+            }  # fmt: skip
+            for rid, r in self._sync_records()
+            for phase in ("fetch", "decode", "apply", "paused")
+        ]
+        return _frame("sync_phases", rows)
+
+    def _training_frame(self) -> pd.DataFrame:
+        rows = []
+        for k in sorted(self._steps):
+            s = self._steps[k]
+            n = sum(s.staleness.values())
+            mean = sum(int(b) * c for b, c in s.staleness.items()) / n if n else None
+            rows.append({
+                "step": s.step, "time": s.time, "version": s.version, "reward": s.reward,
+                "loss": s.loss, "staleness_mean": mean, "diff_s": s.diff_s,
+                "encode_s": s.encode_s, "upload_s": s.upload_s,
+                "mb": None if s.bytes is None else s.bytes / BYTES_PER_MB, "density": s.density,
+            })  # fmt: skip
+        return _frame("training", rows)
+
+    def _staleness_frame(self) -> pd.DataFrame:
+        rows = [
+            {"step": k, "staleness": b, "count": c}
+            for k in sorted(self._steps)
+            for b, c in sorted(self._steps[k].staleness.items(), key=lambda bc: int(bc[0]))
+        ]
+        return _frame("staleness", rows)
+
+    def _status_frame(self, now: float) -> pd.DataFrame:
+        """One row per replica; lag is recomputed against the manifest's newest version at ``now``
+        (a stalled replica's own heartbeat would understate it). health: "ok", "starting",
+        "stopped", or flags "STALLED" (heartbeat older than ``stalled_after_s``) and "FAILING"
+        (status error/recovering), joined by ", "."""
+        latest = self._manifest.latest if self._manifest else None
+        rows = []
+        for rid in sorted(self._heartbeats):
+            hb = self._heartbeats[rid]
+            age = now - hb.updated_at
+            lv = lag_versions(latest.version if latest else None, hb.held_version)
+            if lv is None:
+                lv = hb.lag_versions
+            ls = (now - latest.created_at if lv else 0.0) if latest else hb.lag_s
+            flags = []
+            if age > self.stalled_after_s and hb.status != "stopped":
+                flags.append("STALLED")
+            if hb.status in ("error", "recovering"):
+                flags.append("FAILING")
+            health = ", ".join(flags) or (hb.status if hb.status in ("starting", "stopped")
+                                          else "ok")  # fmt: skip
+            rows.append({
+                "replica": rid, "health": health, "status": hb.status,
+                "held_version": hb.held_version,
+                "trainer_version": latest.version if latest else None, "lag_versions": lv,
+                "lag_s": round(ls, 1), "heartbeat_age_s": round(age, 1), "errors": hb.errors,
+                "last_error": hb.last_error or "", "apply_path": hb.apply_path,
+            })  # fmt: skip
+        return _frame("status", rows)
+
+
+def _payloads_frame(versions: list[VersionEntry]) -> pd.DataFrame:
+    rows = []
+    for v in versions:
+        for kind, p in (("delta", v.delta), ("anchor", v.anchor)):
+            if p is not None:
+                rows.append({
+                    "version": v.version, "step": v.step, "kind": kind,
+                    "mb": p.bytes / BYTES_PER_MB, "bytes": p.bytes, "files": len(p.files),
+                    "time": v.created_at,
+                })  # fmt: skip
+    return _frame("payloads", rows)
+
+
+def _density_frame(versions: list[VersionEntry]) -> pd.DataFrame:
+    rows = []
+    for v in versions:
+        marker = "delta" if v.anchor is None else ("anchor+delta" if v.delta else "anchor")
+        rows.append({
+            "version": v.version, "step": v.step, "density": v.density,
+            "density_pct": 100 * v.density, "changed": v.changed, "total": v.total,
+            "coalesced": v.coalesced, "marker": marker, "time": v.created_at,
+        })  # fmt: skip
+    return _frame("density", rows)
+
+
+def _trim(d: dict, keep: int) -> None:
+    """Drop the smallest keys of ``d`` until it holds ``keep`` items (keys are ordered)."""
+    if len(d) > keep:
+        for k in sorted(d)[: len(d) - keep]:
+            del d[k]
