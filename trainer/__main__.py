@@ -1,0 +1,19 @@
+"""``python -m trainer``: see trainer/config.py for the flags and environment variables."""
+
+import json
+import logging
+
+from .config import from_args
+from .train import run
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    summary = run(from_args())
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

