@@ -48,5 +48,11 @@ format: setup
 bench: setup
 	set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
 
+# make train                      the local default: tiny model, runs/<run>/bucket, local children
+# make train BUCKET=user/run VLLM_URL=https://...space ENV_URL=https://...space MODEL=Qwen/Qwen3-0.6B
+train: setup
+	BUCKET="$(BUCKET)" MODEL="$(MODEL)" VLLM_URL="$(VLLM_URL)" ENV_URL="$(ENV_URL)" \
+	  RUN_ID="$(RUN_ID)" STEPS="$(STEPS)" $(PY) -m trainer $(TRAIN_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache runs bench/results

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -70,14 +71,25 @@ class Child:
             return "".join(f.readlines()[-n:])
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        """SIGTERM to the child's process group (the child and what it started, e.g. vLLM's
+        engine processes), then SIGKILL after ``timeout_s``."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return  # the group is gone already
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:  # grandchildren may outlive the child briefly
             try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def _spawn(name: str, args: list[str], cwd: str, env: dict, log_dir: str, port: int) -> Child:
@@ -87,8 +99,9 @@ def _spawn(name: str, args: list[str], cwd: str, env: dict, log_dir: str, port: 
     env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH")) if p)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+            [sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() also reaches grandchildren
+        )  # fmt: skip
     log.info("started %s (pid %d, log %s)", name, proc.pid, log_path)
     return Child(name, proc, f"http://127.0.0.1:{port}", log_path)
 
