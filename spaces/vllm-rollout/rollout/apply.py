@@ -1,0 +1,203 @@
+"""Worker-side apply paths (run inside the vLLM worker process, called by the extension).
+
+- ``reload``: whole checkpoint tensors (every shard of each touched fused parameter, see
+  ``rollout.plan``) go through vLLM's layerwise reload (``Worker.reload_weights`` with a weights
+  iterator), which re-runs each touched module's weight processing (the CPU build's GEMM
+  repacking included); a tied lm_head is refreshed afterwards. Works on every device.
+- ``in-place``: sparse (index, value) patches in checkpoint coordinates through vLLM's
+  ``load_checkpoint_weight_patches`` (fused/TP slicing by the model's own loaders, no copy of the
+  model kept). Unquantized bf16 models on GPU only.
+
+Neither path is transactional inside vLLM: when one raises, the caller (the sync loop) keeps
+generation paused and reloads every tensor from its verified copy before resuming.
+torch and vLLM are imported here only; this module is never imported by the sync loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from .plan import DEFAULT_PACKED_MODULES, module_key
+from .stage import FORMAT, IDX, VAL
+
+log = logging.getLogger("rollout.apply")
+
+# Warnings vLLM's layerwise reload emits for every module a PARTIAL reload leaves alone on purpose.
+_PARTIAL_RELOAD_NOISE = ("Failed to load weights", "Following weights were not loaded")
+
+
+class StageFileError(ValueError):
+    """A staging file is not one this extension wrote, or misses shards of a fused parameter."""
+
+
+def describe(worker: Any) -> dict:
+    """What the sync loop needs to choose an apply path (see ``rollout.plan.ModelInfo``)."""
+    model = worker.model_runner.get_model()
+    mc = worker.vllm_config.model_config
+    hf = getattr(mc, "hf_text_config", None) or mc.hf_config
+    moe = any("MoE" in type(m).__name__ for m in model.modules())
+    packed = getattr(model, "packed_modules_mapping", None) or DEFAULT_PACKED_MODULES
+    return {
+        "device": torch.device(worker.device).type if hasattr(worker, "device") else "cpu",
+        "dtype": str(mc.dtype),
+        "quantization": mc.quantization,
+        "moe": moe,
+        "tie_word_embeddings": bool(getattr(hf, "tie_word_embeddings", False)),
+        "packed_modules_mapping": {k: list(v) for k, v in packed.items()},
+        "architecture": type(model).__name__,
+    }
+
+
+def read_stage(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """Load a staging file to CPU tensors. Raises StageFileError for a foreign file."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device="cpu") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise StageFileError(
+                f"{path}: expected format {FORMAT!r}, found {meta.get('format')!r}"
+            )
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open API)
+    return meta, tensors
+
+
+def check_fused_complete(names: list[str], packed: dict[str, list[str]]) -> None:
+    """Raise StageFileError unless every touched fused parameter has all its shards in ``names``
+    (a layerwise reload of a partial fused parameter leaves the rest as uninitialised memory)."""
+    have = set(names)
+    for n in names:
+        key = module_key(n, packed)
+        fused = key.rpartition(".")[2]
+        if fused not in packed:
+            continue
+        module, _, param = n.rpartition(".")
+        parent = module.rpartition(".")[0]
+        prefix = f"{parent}." if parent else ""
+        missing = [
+            f"{prefix}{s}.{param}" for s in packed[fused] if f"{prefix}{s}.{param}" not in have
+        ]
+        if missing:
+            raise StageFileError(
+                f"reload of {n} into {key} lacks its other shards {missing}; include every shard "
+                "of a fused parameter (rollout.plan.plan_reload does)"
+            )
+
+
+class _DropPartialReloadNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(s in str(record.msg) for s in _PARTIAL_RELOAD_NOISE)
+
+
+@contextmanager
+def _quiet_partial_reload():
+    names = (
+        "vllm.model_executor.model_loader.reload.layerwise",
+        "vllm.model_executor.model_loader.reload.inplace",
+    )
+    flt = _DropPartialReloadNoise()
+    loggers = [logging.getLogger(n) for n in names]
+    for lg in loggers:
+        lg.addFilter(flt)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(flt)
+
+
+def refresh_tied_lm_head(model: torch.nn.Module) -> bool:
+    """Re-run a tied lm_head's weight processing (the CPU build repacks it into its own GEMM
+    handle, which a reload of ``embed_tokens`` does not refresh). Returns whether it ran."""
+    lm_head = getattr(model, "lm_head", None)
+    qm = getattr(lm_head, "quant_method", None)
+    if lm_head is None or qm is None:
+        return False
+    qm.process_weights_after_loading(lm_head)
+    return True
+
+
+def apply_reload(worker: Any, path: str) -> dict:
+    """Reload the dense tensors of a staging file through vLLM's layerwise reload.
+
+    Returns:
+        {"version", "tensors", "read_s", "reload_s", "lm_head_refreshed"}.
+
+    Raises:
+        StageFileError: not a dense staging file, or a fused parameter's shards are incomplete
+            (raised before anything is loaded).
+    """
+    t0 = time.perf_counter()
+    meta, tensors = read_stage(path)
+    if meta.get("kind") != "dense":
+        raise StageFileError(f"{path}: expected a dense staging file, found {meta.get('kind')!r}")
+    model = worker.model_runner.get_model()
+    packed = getattr(model, "packed_modules_mapping", None) or DEFAULT_PACKED_MODULES
+    check_fused_complete(list(tensors), packed)
+    t1 = time.perf_counter()
+    with _quiet_partial_reload():
+        worker.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+    refreshed = meta.get("refresh_lm_head") == "1" and refresh_tied_lm_head(model)
+    t2 = time.perf_counter()
+    return {
+        "version": int(meta["version"]),
+        "tensors": len(tensors),
+        "read_s": t1 - t0,
+        "reload_s": t2 - t1,
+        "lm_head_refreshed": bool(refreshed),
+    }
+
+
+def apply_in_place(worker: Any, path: str) -> dict:
+    """Apply the sparse patches of a staging file with ``load_checkpoint_weight_patches``.
+
+    Returns:
+        {"version", "tensors", "elements", "read_s", "patch_s"}.
+
+    Raises:
+        StageFileError: not a sparse staging file.
+        ValueError: from vLLM, for NaN values or out-of-range/duplicate indices (raised before
+            anything is written).
+    """
+    from vllm.model_executor.model_loader.checkpoint_weight_patch import (
+        CheckpointWeightPatch,
+        load_checkpoint_weight_patches,
+    )
+
+    t0 = time.perf_counter()
+    meta, tensors = read_stage(path)
+    if meta.get("kind") != "sparse":
+        raise StageFileError(f"{path}: expected a sparse staging file, found {meta.get('kind')!r}")
+    shapes = json.loads(meta["shapes"])
+    device = worker.device if hasattr(worker, "device") else "cpu"
+    patches, elements = [], 0
+    for name, shape in shapes.items():
+        idx, val = tensors[name + IDX], tensors[name + VAL]
+        elements += idx.numel()
+        patches.append(
+            CheckpointWeightPatch(
+                name=name,
+                shape=tuple(shape),
+                dtype=torch.bfloat16,
+                values=val.to(device, non_blocking=True),
+                indices=idx.to(device, non_blocking=True),
+            )
+        )
+    t1 = time.perf_counter()
+    model = worker.model_runner.get_model()
+    load_checkpoint_weight_patches(model, patches)
+    if device != "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return {
+        "version": int(meta["version"]),
+        "tensors": len(patches),
+        "elements": elements,
+        "read_s": t1 - t0,
+        "patch_s": time.perf_counter() - t1,
+    }

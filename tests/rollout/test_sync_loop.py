@@ -1,0 +1,159 @@
+"""The sync loop against a fake engine (no vLLM; fast): following a file:// bucket bit for bit on
+both apply paths, fused shards staged together, a late start from an anchor, a corrupted delta
+refused while the old version keeps serving and recovered by re-anchoring, a wrong base
+(a diverged trainer) refused the same way, a failed apply inside the engine repaired by a full
+reload before generation resumes, and the heartbeat written to ``replicas/<id>.json``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from deltasync.manifest import MANIFEST_PATH, Manifest
+from deltasync.status import heartbeat_path
+from rollout.sync_loop import SyncLoop
+from rollout_helpers import FakeEngine, Trainer, corrupt_payload
+
+
+@pytest.fixture
+def bucket(tmp_path) -> str:
+    return str(tmp_path / "bucket")
+
+
+def make(trainer: Trainer, bucket: str, tmp_path, device="cpu", rid="r0"):
+    shapes = {n: a.shape for n, a in trainer.bits.items()}
+    eng = FakeEngine(shapes, device=device)
+    loop = SyncLoop(bucket, eng, rid, stage_dir=str(tmp_path / f"stage-{rid}"))
+    loop.connect()
+    return eng, loop
+
+
+def assert_exact(eng: FakeEngine, loop: SyncLoop, trainer: Trainer, version: int):
+    assert loop.served_version == version and eng.version == str(version)
+    want = trainer.versions[version]
+    for n, a in want.items():
+        assert np.array_equal(loop.held.tensors[n], a), n
+        assert np.array_equal(eng.weights[n], a), n
+    assert not eng.paused
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_follows_each_version_bit_exact(tiny_model_dir, bucket, tmp_path, device):
+    tr = Trainer(tiny_model_dir, bucket)
+    eng, loop = make(tr, bucket, tmp_path, device)
+    assert loop.apply_path == ("reload" if device == "cpu" else "in-place")
+    assert loop.poll_once() is None  # nothing published yet
+    tr.publish()
+    rec = loop.poll_once()
+    assert rec.kind == "anchor" and eng.applies[-1][0] == "reload"
+    assert_exact(eng, loop, tr, 0)
+    for i in range(4):
+        v = tr.publish_many(1)
+        rec = loop.poll_once()
+        assert rec.kind == "delta" and rec.version == v and rec.paused_s >= rec.apply_s > 0
+        assert_exact(eng, loop, tr, v)
+        if i == 0 and device == "cpu":  # q_proj and up_proj changed: all shards reloaded
+            names = eng.applies[-1][1]
+            assert "model.layers.0.self_attn.k_proj.weight" in names
+            assert "model.layers.0.self_attn.v_proj.weight" in names
+            assert "model.layers.1.mlp.gate_proj.weight" in names
+            assert "model.layers.1.self_attn.q_proj.weight" not in names
+        if device == "cuda":
+            assert eng.applies[-1][0] == "in-place"
+    hb = json.loads(loop.store.read_bytes(heartbeat_path("r0")))
+    assert hb["held_version"] == 4 and hb["lag_versions"] == 0 and hb["status"] == "ok"
+    assert [r["version"] for r in hb["recent"]] == [0, 1, 2, 3, 4]
+    tr.close()
+
+
+def test_several_versions_behind_apply_in_one_pause(tiny_model_dir, bucket, tmp_path):
+    tr = Trainer(tiny_model_dir, bucket)
+    eng, loop = make(tr, bucket, tmp_path)
+    tr.publish()
+    loop.poll_once()
+    v = tr.publish_many(3)
+    pauses = eng.pauses
+    rec = loop.poll_once()
+    assert rec.kind == "chain" and rec.steps == 3 and eng.pauses == pauses + 1
+    assert_exact(eng, loop, tr, v)
+    tr.close()
+
+
+def test_late_replica_starts_from_newest_anchor(tiny_model_dir, bucket, tmp_path):
+    tr = Trainer(tiny_model_dir, bucket, anchor_every=2)
+    v = tr.publish_many(5)
+    eng, loop = make(tr, bucket, tmp_path, rid="late")
+    rec = loop.poll_once()
+    assert rec.kind == "anchor" and rec.steps == 2  # anchor v4 + delta v5
+    assert_exact(eng, loop, tr, v)
+    tr.close()
+
+
+def test_corrupt_delta_is_refused_then_recovered_from_next_anchor(tiny_model_dir, bucket, tmp_path):
+    tr = Trainer(tiny_model_dir, bucket, anchor_every=4)
+    eng, loop = make(tr, bucket, tmp_path)
+    tr.publish_many(2)
+    loop.poll_once()
+    assert_exact(eng, loop, tr, 2)
+    tr.publish_many(1)  # v3, a delta only
+    m = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
+    corrupt_payload(loop.store.root, m.entry(3).delta.files[0].path)
+    pauses = eng.pauses
+    assert loop.poll_once() is None
+    assert eng.pauses == pauses  # refused before any pause
+    assert_exact(eng, loop, tr, 2)
+    assert loop.status == "error" and "DeltaCorruptError" in loop.last_error
+    hb = json.loads(loop.store.read_bytes(heartbeat_path("r0")))
+    assert hb["errors"] >= 1 and hb["lag_versions"] == 1 and hb["held_version"] == 2
+    assert loop.poll_once() is None  # still no clean path: keeps serving v2
+    tr.publish(names=None)  # v4: anchor (+ delta over the bad v3)
+    rec = loop.poll_once()
+    assert rec.kind == "anchor" and rec.version == 4
+    assert_exact(eng, loop, tr, 4)
+    assert loop.status == "ok"
+    tr.close()
+
+
+def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
+    """A trainer that restarted from a different state publishes a delta whose base v2 is not
+    the v2 the replica holds: the result digests disagree, so it is refused."""
+    tr = Trainer(tiny_model_dir, bucket, anchor_every=4)
+    eng, loop = make(tr, bucket, tmp_path)
+    tr.publish_many(2)
+    loop.poll_once()
+    # the diverged trainer: same v2 number, different bits, publishing into the same run
+    tr.close()
+    tr2 = Trainer(tiny_model_dir, bucket, anchor_every=4, seed=7)
+    tr2.pub._snapshot = {n: a.copy() for n, a in tr.versions[2].items()}
+    tr2.pub._snap_version = 2
+    tr2.pub._fingerprint = tr.pub._fingerprint
+    tr2.pub._digests = dict(tr.pub._digests)
+    tr2.pub._since_anchor = 2
+    tr2.bits = {n: a.copy() for n, a in tr.versions[2].items()}
+    tr2.versions = dict(tr.versions)
+    tr2.pub._snapshot["model.norm.weight"] = tr2.pub._snapshot["model.norm.weight"] ^ np.uint16(1)
+    v3 = tr2.publish(["model.norm.weight", "model.layers.0.mlp.up_proj.weight"])
+    assert loop.poll_once() is None
+    assert loop.served_version == 2 and "digest" in loop.last_error
+    v4 = tr2.publish(["model.norm.weight"])  # anchor
+    rec = loop.poll_once()
+    assert rec.version == v4 == v3 + 1 and rec.kind == "anchor"
+    assert_exact(eng, loop, tr2, v4)
+    tr2.close()
+
+
+def test_failed_apply_stays_paused_until_full_reload(tiny_model_dir, bucket, tmp_path):
+    tr = Trainer(tiny_model_dir, bucket)
+    eng, loop = make(tr, bucket, tmp_path)
+    tr.publish()
+    loop.poll_once()
+    v = tr.publish_many(1)
+    eng.fail_next = 2  # the apply and the first full reload fail
+    assert loop.poll_once() is None
+    assert loop.dirty and eng.paused and not loop.ready
+    assert loop.poll_once() is None  # the retry of the full reload succeeds
+    assert not loop.dirty and loop.ready
+    assert_exact(eng, loop, tr, v)
+    assert eng.applies[-1][1] == sorted(tr.bits)  # every tensor reloaded
+    tr.close()

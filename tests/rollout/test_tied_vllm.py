@@ -1,0 +1,72 @@
+"""Tied embeddings on a real vLLM server: after deltas that change ``embed_tokens`` (and so the
+tied lm_head, which the CPU build repacks separately), the replica's outputs equal those of a fresh
+server started from the trainer's checkpoint.
+
+It needs its own vLLM servers (a tied model, then a fresh one), so it runs only when asked, on
+its own, to keep one server at a time on small machines:
+``DELTASYNC_TEST_TIED=1 python -m pytest tests/rollout/test_tied_vllm.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+from conftest import STARTUP_TIMEOUT_S, free_port
+from rollout_helpers import PROMPTS, Trainer, generate
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.skipif(
+    os.environ.get("DELTASYNC_TEST_TIED") != "1" or importlib.util.find_spec("vllm") is None,
+    reason="set DELTASYNC_TEST_TIED=1 and run this file alone (it starts a second vLLM server)",
+)
+def test_tied_lm_head_follows_embedding_deltas(tmp_path):
+    from deltasync.tiny_model import make_tiny_qwen3
+    from rollout.engine import VLLMControl
+    from rollout.launch import start_vllm, stop_process, wait_healthy
+    from rollout.sync_loop import SyncLoop
+
+    model = make_tiny_qwen3(str(tmp_path / "tied"), seed=1, tie_word_embeddings=True)
+    port, log_path = free_port(), str(tmp_path / "vllm.log")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    proc = start_vllm(
+        model, port, log_path, env=env, max_model_len=512, extra_args=["--enforce-eager"]
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, STARTUP_TIMEOUT_S)
+        control = VLLMControl(url)
+        bucket = str(tmp_path / "bucket")
+        tr = Trainer(model, bucket)
+        loop = SyncLoop(bucket, control, "tied", stage_dir=str(tmp_path / "stage"))
+        assert loop.connect() == "reload" and loop.info.tie_word_embeddings
+        tr.publish()
+        loop.poll_once()
+        before = generate(url, model, PROMPTS)
+        for names in (
+            ["model.embed_tokens.weight"],
+            ["model.embed_tokens.weight", "model.norm.weight"],
+        ):
+            v = tr.publish(names)
+            assert loop.poll_once().version == v
+        out = generate(url, model, PROMPTS)
+        assert out != before
+        ckpt = tr.save_checkpoint(v, str(tmp_path / "ckpt"))
+        loop.stop()
+        tr.close()
+    finally:
+        stop_process(proc)
+    # a fresh server started from the trainer's checkpoint (the first one is stopped: one at a time)
+    port = free_port()
+    proc = start_vllm(
+        ckpt, port, log_path, env=env, max_model_len=512, extra_args=["--enforce-eager"],
+        served_model_name=model,
+    )  # fmt: skip
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, STARTUP_TIMEOUT_S)
+        assert generate(f"http://127.0.0.1:{port}", model, PROMPTS) == out
+    finally:
+        stop_process(proc)
