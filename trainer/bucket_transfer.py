@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 
 import torch
+
 from deltasync.publisher import DeltaPublisher
 
 log = logging.getLogger("trainer.bucket_transfer")

@@ -46,6 +46,7 @@ class TrainConfig:
         dashboard: start the Gradio dashboard for the local run (port ``dashboard_port``).
         takeover: take over the bucket run even if another trainer's lease looks fresh.
         seed: seed of the model init, the data order and the games.
+        runs_root: folder of local run folders (``<runs_root>/<run_id>``: model, bucket, logs).
         hf_token: for hf:// buckets; from ``HF_TOKEN``, never logged.
     """
 
@@ -71,6 +72,7 @@ class TrainConfig:
     dashboard_port: int = 7861
     takeover: bool = False
     seed: int = 0
+    runs_root: str = "runs"
     hf_token: str | None = field(default=None, repr=False)
 
     @property
@@ -80,7 +82,7 @@ class TrainConfig:
 
     @property
     def run_dir(self) -> str:
-        return os.path.join("runs", self.run_id)
+        return os.path.join(self.runs_root, self.run_id)
 
     def store_uri(self) -> str:
         """The bucket URI: ``user/run`` shorthand expanded to ``hf://buckets/user/run``."""

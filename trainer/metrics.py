@@ -7,9 +7,10 @@ from __future__ import annotations
 import logging
 import math
 
+from transformers import TrainerCallback
+
 from deltasync.status import TRAINER_METRICS_PATH, StepMetrics, TrainerMetrics
 from deltasync.store import Store
-from transformers import TrainerCallback
 
 log = logging.getLogger("trainer.metrics")
 

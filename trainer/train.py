@@ -178,7 +178,10 @@ def run(cfg: TrainConfig) -> dict:
             trainer.train()
         finally:
             publisher.close()  # idempotent with TRL's destroy(): flush the last publish
+        if cfg.vllm_url and children:  # local replica: let it apply the last version
+            _wait_replica(replica_version, publisher.published[-1].version, timeout_s=120)
         summary = _summary(cfg, store, publisher, tagger, replica_version, t_start)
+        summary["trainer_model_digest"] = _model_digest(trainer.model)
     finally:
         for child in reversed(children):
             child.stop()
@@ -213,10 +216,20 @@ def _summary(cfg, store, publisher, tagger, replica_version_fn, t_start) -> dict
         "bytes_per_changed_mean": _mean([e.delta.bytes / e.changed for e in deltas if e.changed]),
         "density_mean": _mean([e.density for e in deltas]),
         "final_version": entries[-1].version if entries else None,
+        "final_version_digest": entries[-1].digest if entries else None,
         "replica_version": rv,
         "replicas": hb,
         "staleness": dict(sorted(tagger.staleness.items())) if tagger else {},
     }
+
+
+def _model_digest(model) -> str:
+    """Model digest (``deltasync.manifest.model_digest``) of the model's bf16 weights, named as
+    TRL streams them to the publisher."""
+    from deltasync.bf16 import digest, to_bf16_bits
+    from deltasync.manifest import model_digest
+
+    return model_digest({n: digest(to_bf16_bits(p)) for n, p in model.named_parameters()})
 
 
 def _mean(xs):

@@ -4,6 +4,7 @@ import uuid
 
 import numpy as np
 import pytest
+
 from deltasync.bf16 import from_order_key, order_key
 
 

@@ -4,12 +4,13 @@ to 100%, special values, shapes from 0-d to large; golden bytes of a tiny blob; 
 import numpy as np
 import pytest
 import zstandard
-from deltasync import codec
-from deltasync.bf16 import from_order_key, order_key
-from deltasync.errors import DeltaCorruptError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+from deltasync import codec
+from deltasync.bf16 import from_order_key, order_key
+from deltasync.errors import DeltaCorruptError
 
 SPECIALS = np.array(
     [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x0001, 0x807F, 0x3F80, 0xBF80],

@@ -6,10 +6,11 @@ import struct
 
 import numpy as np
 import pytest
+from safetensors.torch import load_file
+
 from deltasync import codec, deltafile
 from deltasync.bf16 import digest
 from deltasync.errors import DeltaCorruptError
-from safetensors.torch import load_file
 
 
 def _anchor(tmp_path):

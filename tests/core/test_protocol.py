@@ -4,6 +4,7 @@ between payload and manifest, corrupt files and wrong bases."""
 
 import numpy as np
 import pytest
+
 from deltasync.errors import (
     BaseVersionMismatch,
     ConcurrentWriterError,

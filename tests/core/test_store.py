@@ -4,6 +4,7 @@ immediate typed failures for missing objects and refused credentials, URI valida
 import os
 
 import pytest
+
 from deltasync.errors import StoreAuthError, StoreError, StoreNotFoundError
 from deltasync.store import Store
 

@@ -7,10 +7,10 @@ import uuid
 import numpy as np
 import pytest
 import torch
+
 from deltasync.bf16 import to_bf16_bits
 from deltasync.publisher import DeltaPublisher
 from deltasync.subscriber import DeltaSubscriber, HeldWeights
-
 from trainer.bucket_transfer import BucketWeightTransfer
 
 
