@@ -54,5 +54,11 @@ train: setup
 	BUCKET="$(BUCKET)" MODEL="$(MODEL)" VLLM_URL="$(VLLM_URL)" ENV_URL="$(ENV_URL)" \
 	  RUN_ID="$(RUN_ID)" STEPS="$(STEPS)" $(PY) -m trainer $(TRAIN_ARGS)
 
+# make dashboard [BUCKET=user/run | a folder | hf://... ]   the sync-lag dashboard (Gradio)
+DASHBOARD_PORT ?= 7860
+dashboard: BUCKET ?= $(CURDIR)/runs/wordle-local/bucket
+dashboard: setup
+	$(PY) -m deltasync.dashboard --bucket "$(BUCKET)" --port $(DASHBOARD_PORT)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache runs bench/results

@@ -85,13 +85,12 @@ class TrainConfig:
         return os.path.join(self.runs_root, self.run_id)
 
     def store_uri(self) -> str:
-        """The bucket URI: ``user/run`` shorthand expanded to ``hf://buckets/user/run``."""
+        """The bucket URI (``user/run`` shorthand expanded by ``deltasync.store.resolve_uri``)."""
+        from deltasync.store import resolve_uri
+
         if self.bucket is None:
             return os.path.abspath(os.path.join(self.run_dir, "bucket"))
-        b = self.bucket
-        if "://" not in b and not os.path.isabs(b) and b.count("/") >= 1 and not b.startswith("."):
-            return f"hf://buckets/{b}"
-        return b
+        return resolve_uri(self.bucket)
 
     def model_id(self) -> str:
         return self.model or (TINY if self.local else DEFAULT_HUB_MODEL)

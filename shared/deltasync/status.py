@@ -114,8 +114,8 @@ def read_heartbeats(store: Store) -> dict[str, ReplicaHeartbeat]:
     """
     out = {}
     for path in store.ls(REPLICAS_DIR):
-        if not path.endswith(".json"):
-            continue
+        if not path.endswith(".json") or path.rsplit("/", 1)[-1].startswith("."):
+            continue  # not a heartbeat, or a local temp file being written
         try:
             data = store.read_bytes(path)
         except StoreNotFoundError:  # deleted between list and read: the replica left

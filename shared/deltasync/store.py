@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ def _http_status(exc: BaseException) -> int | None:
     return getattr(resp, "status_code", None)
 
 
-def _classify(exc: BaseException) -> str:
+def classify_error(exc: BaseException) -> str:
     """'auth', 'missing' or 'transient' for an exception raised by an fsspec backend."""
     name = type(exc).__name__
     status = _http_status(exc)
@@ -49,14 +50,21 @@ class Store:
         uri: see the module docstring.
         retries: attempts for transient errors (network, 5xx, 429) before raising StoreError.
         backoff_s: first retry delay in seconds; doubles each attempt.
+        create: create a local folder that does not exist yet (readers pass False).
         storage_options: passed to the fsspec filesystem (e.g. ``token=`` for hf://).
     """
 
-    def __init__(self, uri: str, retries: int = 5, backoff_s: float = 0.5, **storage_options):
+    def __init__(
+        self,
+        uri: str,
+        retries: int = 5,
+        backoff_s: float = 0.5,
+        create: bool = True,
+        **storage_options,
+    ):
         if not uri:
             raise ValueError("expected a store URI (a folder, file://, memory://, hf://, s3://)")
-        if "://" not in uri:
-            uri = "file://" + os.path.abspath(uri)
+        uri = resolve_uri(uri)
         self.uri = uri.rstrip("/")
         self.retries = retries
         self.backoff_s = backoff_s
@@ -74,7 +82,7 @@ class Store:
             ) from e
         self.root = root.rstrip("/")
         self.is_local = "file" in _protocols(self.fs)
-        if self.is_local:
+        if self.is_local and create:
             os.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
@@ -93,7 +101,7 @@ class Store:
             try:
                 return fn()
             except Exception as e:  # classified below: re-raised typed, or retried and logged
-                kind = _classify(e)
+                kind = classify_error(e)
                 where = f"{self.uri}/{path}"
                 if kind == "missing":
                     raise StoreNotFoundError(f"{what}: {where} does not exist ({e})") from e
@@ -171,6 +179,20 @@ class Store:
         for p in paths:
             if self.exists(p):
                 self._call("delete", p, lambda p=p: self.fs.rm_file(self._full(p)))
+
+
+_BUCKET_SHORTHAND = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w./-]*)?$")
+
+
+def resolve_uri(uri: str) -> str:
+    """Expand the shorthands users type: ``owner/name[/prefix]`` that is not an existing local
+    path means ``hf://buckets/owner/name[/prefix]`` (as in ``make train BUCKET=user/run``); any
+    other path without a scheme is a local folder (``file://`` + its absolute path)."""
+    if "://" in uri:
+        return uri
+    if _BUCKET_SHORTHAND.match(uri) and not os.path.exists(uri.split("/")[0]):
+        return f"hf://buckets/{uri}"
+    return "file://" + os.path.abspath(uri)
 
 
 def _protocols(fs) -> tuple[str, ...]:

@@ -87,3 +87,20 @@ def test_uri_validation():
         Store("hf://datasets/someone/repo")
     with pytest.raises(ValueError, match="expected a store URI"):
         Store("")
+
+
+def test_resolve_uri_shorthands(tmp_path, monkeypatch):
+    from deltasync.store import resolve_uri
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_uri("alice/run1") == "hf://buckets/alice/run1"
+    assert resolve_uri("alice/run1/exp") == "hf://buckets/alice/run1/exp"
+    (tmp_path / "runs").mkdir()
+    assert resolve_uri("runs/local") == f"file://{tmp_path}/runs/local"  # exists: a folder
+    assert resolve_uri("s3://b/p") == "s3://b/p"
+    assert resolve_uri("bucket") == f"file://{tmp_path}/bucket"
+
+
+def test_reader_does_not_create_folders(tmp_path):
+    Store(str(tmp_path / "absent"), create=False)
+    assert not (tmp_path / "absent").exists()

@@ -40,100 +40,93 @@ from ..status import (
     TrainerMetrics,
     lag_versions,
 )
-from ..store import Store, _classify
+from ..store import Store, classify_error, resolve_uri
 
 log = logging.getLogger("deltasync.dashboard")
 
 BYTES_PER_MB = 1e6  # "MB" in the frames and plots is 10^6 bytes
 
-# Columns of every frame, so empty frames still have them (plots and tests rely on this).
+# Columns of every frame, in order (rows are built as tuples in this order), so empty frames
+# still have them: plots and tests rely on this.
 COLUMNS: dict[str, list[str]] = {
     # held version of each replica and the trainer's newest version over time (series: "trainer"
     # or a replica id)
-    "versions": ["time", "version", "series"],
+    "versions": "time version series".split(),
     # lag per replica over time; source: "sync" (just before / at each apply) or "heartbeat"
-    "lag": ["time", "replica", "lag_versions", "lag_s", "source"],
+    "lag": "time replica lag_versions lag_s source".split(),
     # one row per payload (a version with an anchor and a delta has two): kind "delta" | "anchor"
-    "payloads": ["version", "step", "kind", "mb", "bytes", "files", "time"],
+    "payloads": "version step kind mb bytes files time".split(),
     # one row per version; marker: "delta", "anchor" or "anchor+delta" (anchor markers)
-    "density": [
-        "version",
-        "step",
-        "density",
-        "density_pct",
-        "changed",
-        "total",
-        "coalesced",
-        "marker",
-        "time",
-    ],  # fmt: skip
+    "density": "version step density density_pct changed total coalesced marker time".split(),
     # one row per sync record; lag_s here is publish -> apply of ``version`` (SyncRecord.lag_s)
-    "syncs": [
-        "time",
-        "replica",
-        "version",
-        "from_version",
-        "kind",
-        "steps",
-        "mb",
-        "bytes",
-        "fetch_s",
-        "decode_s",
-        "paused_s",
-        "apply_s",
-        "lag_s",
-        "apply_path",
-    ],  # fmt: skip
+    "syncs": (
+        "time replica version from_version kind steps mb bytes fetch_s decode_s paused_s apply_s "
+        "lag_s apply_path"
+    ).split(),
     # the same syncs in long form: phase "fetch" | "decode" | "apply" | "paused"
-    "sync_phases": ["time", "replica", "version", "phase", "seconds"],
+    "sync_phases": "time replica version phase seconds".split(),
     # one row per trainer step
-    "training": [
-        "step",
-        "time",
-        "version",
-        "reward",
-        "loss",
-        "staleness_mean",
-        "diff_s",
-        "encode_s",
-        "upload_s",
-        "mb",
-        "density",
-    ],  # fmt: skip
+    "training": (
+        "step time version reward loss staleness_mean diff_s encode_s upload_s mb density"
+    ).split(),
     # the staleness histogram in long form: staleness (versions, as text) -> sample count
-    "staleness": ["step", "staleness", "count"],
+    "staleness": "step staleness count".split(),
     # one row per replica heartbeat currently in the bucket
-    "status": [
+    "status": (
+        "replica health status held_version trainer_version lag_versions lag_s heartbeat_age_s "
+        "errors last_error apply_path"
+    ).split(),
+}
+
+# Columns holding text (nominal in plots); "time" is datetime; every other column is numeric.
+TEXT_COLUMNS = frozenset(
+    {
+        "series",
         "replica",
+        "source",
+        "kind",
+        "marker",
+        "phase",
+        "staleness",
         "health",
         "status",
-        "held_version",
-        "trainer_version",
-        "lag_versions",
-        "lag_s",
-        "heartbeat_age_s",
-        "errors",
         "last_error",
         "apply_path",
-    ],  # fmt: skip
-}
+    }
+)
 
 # Fields of an fsspec ``info`` dict that change when an object is rewritten (any backend).
 _CHANGE_FIELDS = (
-    "mtime", "created", "LastModified", "last_modified", "ETag", "etag", "md5", "blob_id",
-    "xet_hash", "sha", "last_commit",
-)  # fmt: skip
+    "mtime",
+    "created",
+    "LastModified",
+    "last_modified",
+    "ETag",
+    "etag",
+    "md5",
+    "blob_id",
+    "xet_hash",
+    "sha",
+    "last_commit",
+)
 
 
 def empty_frame(name: str) -> pd.DataFrame:
-    """An empty frame with the columns of ``COLUMNS[name]``."""
-    return pd.DataFrame(columns=COLUMNS[name])
+    """An empty frame with the columns (and dtypes) of ``COLUMNS[name]``."""
+    return _frame(name, [])
 
 
-def _frame(name: str, rows: list[dict]) -> pd.DataFrame:
+def _frame(name: str, rows: list[tuple]) -> pd.DataFrame:
+    """Rows (tuples in ``COLUMNS[name]`` order) -> a frame with stable dtypes, empty or not (Gradio plots pick their axis types from
+    the dtypes: datetime -> temporal, numbers -> quantitative, text -> nominal)."""
     df = pd.DataFrame(rows, columns=COLUMNS[name])
-    if "time" in df.columns:
-        df["time"] = pd.to_datetime(df["time"].astype("float64"), unit="s")
+    for col in df.columns:
+        if col == "time":
+            df[col] = pd.to_datetime(df[col].astype("float64"), unit="s")
+        elif col in TEXT_COLUMNS:
+            df[col] = df[col].astype(object)
+        elif df[col].dtype == object:  # empty, or None where not measured
+            df[col] = pd.to_numeric(df[col]).astype("float64")
     return df
 
 
@@ -226,7 +219,7 @@ class BucketReader:
         self,
         uri: str,
         stalled_after_s: float = 30.0,
-        history: int = 5000,
+        history: int = 2000,
         retries: int = 2,
         store: Store | None = None,
     ):
@@ -293,15 +286,15 @@ class BucketReader:
         """The Store, or None and why (a local folder that does not exist yet is not created)."""
         if self._store is not None:
             return self._store, ""
-        uri = self.uri
-        if "://" not in uri or uri.startswith("file://"):
-            path = uri[len("file://") :] if uri.startswith("file://") else os.path.abspath(uri)
+        uri = resolve_uri(self.uri)
+        if uri.startswith("file://"):
+            path = uri[len("file://") :]
             if not os.path.exists(path):
                 return None, f"`{uri}` does not exist yet: waiting for the first version"
             if not os.path.isdir(path):
                 raise StoreError("it is a file, not a folder: pass the run's root folder")
         try:
-            self._store = Store(uri, retries=self.retries, backoff_s=0.2)
+            self._store = Store(uri, retries=self.retries, backoff_s=0.2, create=False)
         except ValueError as e:  # bad URI (e.g. hf:// not a bucket, unknown protocol)
             raise StoreError(f"not a usable store URI: {e}") from e
         return self._store, ""
@@ -327,7 +320,7 @@ class BucketReader:
             return None
         except Exception as e:  # re-raised as the typed error deltasync.store would raise
             where = f"{store.uri}/{path}"
-            kind = _classify(e)
+            kind = classify_error(e)
             if kind == "missing":
                 return None
             if kind == "auth":
@@ -373,7 +366,7 @@ class BucketReader:
         try:
             manifest = self._read_cached(store, MANIFEST_PATH, info, Manifest.from_json)
         except ValueError as e:  # half-written or damaged: recovered by waiting for a good one
-            first = str(e).splitlines()[0]
+            first = _why(e)
             log.warning("dashboard: %s/%s does not parse: %s", self.uri, MANIFEST_PATH, first)
             if self._manifest is not None:
                 warnings.append(
@@ -398,8 +391,12 @@ class BucketReader:
             return "waiting", f"`{self.uri}`: {detail}; waiting for the first version"
         if manifest.run_id != self._run_id:
             if self._run_id is not None:
-                log.info("dashboard: %s now holds run %s (was %s)", self.uri, manifest.run_id,
-                         self._run_id)  # fmt: skip
+                log.info(
+                    "dashboard: %s now holds run %s (was %s)",
+                    self.uri,
+                    manifest.run_id,
+                    self._run_id,
+                )
             self._reset_history(manifest.run_id)
         self._manifest = manifest
         for v in manifest.versions:
@@ -434,7 +431,7 @@ class BucketReader:
             try:
                 hb = self._read_cached(store, path, info, ReplicaHeartbeat.model_validate_json)
             except ValueError as e:  # one bad heartbeat must not hide the others: skip it
-                first = str(e).splitlines()[0]
+                first = _why(e)
                 log.warning("dashboard: skipping %s/%s: %s", self.uri, path, first)
                 warnings.append(f"{path} does not parse ({first}); skipped")
                 continue
@@ -460,7 +457,7 @@ class BucketReader:
                 store, TRAINER_METRICS_PATH, info, TrainerMetrics.model_validate_json
             )
         except ValueError as e:  # skipped this poll; the trainer rewrites it every step
-            first = str(e).splitlines()[0]
+            first = _why(e)
             log.warning("dashboard: skipping %s/%s: %s", self.uri, TRAINER_METRICS_PATH, first)
             warnings.append(f"{TRAINER_METRICS_PATH} does not parse ({first}); skipped")
             return
@@ -486,15 +483,15 @@ class BucketReader:
         }
 
     def _versions_frame(self, versions: list[VersionEntry], now: float) -> pd.DataFrame:
-        rows = [{"time": v.created_at, "version": v.version, "series": "trainer"} for v in versions]
+        rows = [(v.created_at, v.version, "trainer") for v in versions]
         if versions:  # the trainer still holds its newest version now
-            rows.append({"time": now, "version": versions[-1].version, "series": "trainer"})
+            rows.append((now, versions[-1].version, "trainer"))
         for rid in sorted(self._samples):
             points = {r.applied_at: r.version for r in self._syncs.get(rid, {}).values()}
             for t, hb in self._samples[rid].items():
                 if hb.held_version is not None:
                     points[t] = hb.held_version
-            rows += [{"time": t, "version": points[t], "series": rid} for t in sorted(points)]
+            rows += [(t, points[t], rid) for t in sorted(points)]
         return _frame("versions", rows)
 
     def _lag_frame(self, versions: list[VersionEntry]) -> pd.DataFrame:
@@ -513,16 +510,14 @@ class BucketReader:
         rows = []
         for rid in sorted(self._samples):
             for rec in sorted(self._syncs.get(rid, {}).values(), key=lambda r: r.applied_at):
-                for t, held in ((rec.applied_at - rec.paused_s, rec.from_version),
-                                (rec.applied_at, rec.version)):  # fmt: skip
+                before = (rec.applied_at - rec.paused_s, rec.from_version)
+                for t, held in (before, (rec.applied_at, rec.version)):
                     lv, ls = lag_at(t, held)
                     if lv is not None:
-                        rows.append({"time": t, "replica": rid, "lag_versions": lv,
-                                     "lag_s": ls, "source": "sync"})  # fmt: skip
+                        rows.append((t, rid, lv, ls, "sync"))
             for t, hb in sorted(self._samples[rid].items()):
                 if hb.lag_versions is not None:
-                    rows.append({"time": t, "replica": rid, "lag_versions": hb.lag_versions,
-                                 "lag_s": hb.lag_s, "source": "heartbeat"})  # fmt: skip
+                    rows.append((t, rid, hb.lag_versions, hb.lag_s, "heartbeat"))
         df = _frame("lag", rows)
         return df.sort_values(["replica", "time"], kind="stable").reset_index(drop=True)
 
@@ -532,35 +527,15 @@ class BucketReader:
 
     def _syncs_frame(self) -> pd.DataFrame:
         rows = [
-            {
-                "time": r.applied_at,
-                "replica": rid,
-                "version": r.version,
-                "from_version": r.from_version,
-                "kind": r.kind,
-                "steps": r.steps,
-                "mb": r.bytes / BYTES_PER_MB,
-                "bytes": r.bytes,
-                "fetch_s": r.fetch_s,
-                "decode_s": r.decode_s,
-                "paused_s": r.paused_s,
-                "apply_s": r.apply_s,
-                "lag_s": r.lag_s,
-                "apply_path": r.apply_path,
-            }  # fmt: skip
+            (r.applied_at, rid, r.version, r.from_version, r.kind, r.steps, r.bytes / BYTES_PER_MB,
+             r.bytes, r.fetch_s, r.decode_s, r.paused_s, r.apply_s, r.lag_s, r.apply_path)
             for rid, r in self._sync_records()
-        ]
+        ]  # fmt: skip
         return _frame("syncs", rows)
 
     def _phases_frame(self) -> pd.DataFrame:
         rows = [
-            {
-                "time": r.applied_at,
-                "replica": rid,
-                "version": r.version,
-                "phase": phase,
-                "seconds": getattr(r, f"{phase}_s"),
-            }  # fmt: skip
+            (r.applied_at, rid, r.version, phase, getattr(r, f"{phase}_s"))
             for rid, r in self._sync_records()
             for phase in ("fetch", "decode", "apply", "paused")
         ]
@@ -572,17 +547,14 @@ class BucketReader:
             s = self._steps[k]
             n = sum(s.staleness.values())
             mean = sum(int(b) * c for b, c in s.staleness.items()) / n if n else None
-            rows.append({
-                "step": s.step, "time": s.time, "version": s.version, "reward": s.reward,
-                "loss": s.loss, "staleness_mean": mean, "diff_s": s.diff_s,
-                "encode_s": s.encode_s, "upload_s": s.upload_s,
-                "mb": None if s.bytes is None else s.bytes / BYTES_PER_MB, "density": s.density,
-            })  # fmt: skip
+            mb = None if s.bytes is None else s.bytes / BYTES_PER_MB
+            rows.append((s.step, s.time, s.version, s.reward, s.loss, mean, s.diff_s, s.encode_s,
+                         s.upload_s, mb, s.density))  # fmt: skip
         return _frame("training", rows)
 
     def _staleness_frame(self) -> pd.DataFrame:
         rows = [
-            {"step": k, "staleness": b, "count": c}
+            (k, b, c)
             for k in sorted(self._steps)
             for b, c in sorted(self._steps[k].staleness.items(), key=lambda bc: int(bc[0]))
         ]
@@ -594,11 +566,12 @@ class BucketReader:
         "stopped", or flags "STALLED" (heartbeat older than ``stalled_after_s``) and "FAILING"
         (status error/recovering), joined by ", "."""
         latest = self._manifest.latest if self._manifest else None
+        trainer_version = latest.version if latest else None
         rows = []
         for rid in sorted(self._heartbeats):
             hb = self._heartbeats[rid]
             age = now - hb.updated_at
-            lv = lag_versions(latest.version if latest else None, hb.held_version)
+            lv = lag_versions(trainer_version, hb.held_version)
             if lv is None:
                 lv = hb.lag_versions
             ls = (now - latest.created_at if lv else 0.0) if latest else hb.lag_s
@@ -607,28 +580,21 @@ class BucketReader:
                 flags.append("STALLED")
             if hb.status in ("error", "recovering"):
                 flags.append("FAILING")
-            health = ", ".join(flags) or (hb.status if hb.status in ("starting", "stopped")
-                                          else "ok")  # fmt: skip
-            rows.append({
-                "replica": rid, "health": health, "status": hb.status,
-                "held_version": hb.held_version,
-                "trainer_version": latest.version if latest else None, "lag_versions": lv,
-                "lag_s": round(ls, 1), "heartbeat_age_s": round(age, 1), "errors": hb.errors,
-                "last_error": hb.last_error or "", "apply_path": hb.apply_path,
-            })  # fmt: skip
+            quiet = hb.status if hb.status in ("starting", "stopped") else "ok"
+            health = ", ".join(flags) or quiet
+            rows.append((rid, health, hb.status, hb.held_version, trainer_version, lv,
+                         round(ls, 1), round(age, 1), hb.errors, hb.last_error or "",
+                         hb.apply_path))  # fmt: skip
         return _frame("status", rows)
 
 
 def _payloads_frame(versions: list[VersionEntry]) -> pd.DataFrame:
-    rows = []
-    for v in versions:
-        for kind, p in (("delta", v.delta), ("anchor", v.anchor)):
-            if p is not None:
-                rows.append({
-                    "version": v.version, "step": v.step, "kind": kind,
-                    "mb": p.bytes / BYTES_PER_MB, "bytes": p.bytes, "files": len(p.files),
-                    "time": v.created_at,
-                })  # fmt: skip
+    rows = [
+        (v.version, v.step, kind, p.bytes / BYTES_PER_MB, p.bytes, len(p.files), v.created_at)
+        for v in versions
+        for kind, p in (("delta", v.delta), ("anchor", v.anchor))
+        if p is not None
+    ]
     return _frame("payloads", rows)
 
 
@@ -636,12 +602,19 @@ def _density_frame(versions: list[VersionEntry]) -> pd.DataFrame:
     rows = []
     for v in versions:
         marker = "delta" if v.anchor is None else ("anchor+delta" if v.delta else "anchor")
-        rows.append({
-            "version": v.version, "step": v.step, "density": v.density,
-            "density_pct": 100 * v.density, "changed": v.changed, "total": v.total,
-            "coalesced": v.coalesced, "marker": marker, "time": v.created_at,
-        })  # fmt: skip
+        rows.append((v.version, v.step, v.density, 100 * v.density, v.changed, v.total,
+                     v.coalesced, marker, v.created_at))  # fmt: skip
     return _frame("density", rows)
+
+
+def _why(e: ValueError) -> str:
+    """One line on why a file did not parse (the first pydantic error, with where it is)."""
+    errors = getattr(e, "errors", None)
+    if callable(errors) and errors():
+        err = errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        return f"{loc}: {err['msg']}" if loc else err["msg"]
+    return str(e).splitlines()[0]
 
 
 def _trim(d: dict, keep: int) -> None:

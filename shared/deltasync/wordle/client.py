@@ -12,13 +12,16 @@ Server error frames raise :class:`WordleServerError` (``.code`` is the server's 
 ``CAPACITY_REACHED`` -> :class:`WordleCapacityError`, ``SESSION_EXPIRED`` ->
 :class:`WordleSessionExpiredError`); game errors (invalid guesses) do not raise, they come
 back in ``observation.error_code`` / ``observation.error``. A connection the server closed
-without a reason raises ``ConnectionError``.
+without a reason raises ``ConnectionError``. After the server closed a session, the next call
+opens a new one; ``reset`` does that by itself (once), so long-lived clients survive idle
+expiry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from openenv.core.client_types import StepResult
@@ -26,6 +29,8 @@ from openenv.core.env_client import EnvClient
 from websockets.exceptions import ConnectionClosed
 
 from deltasync.wordle.models import WordleAction, WordleObservation, WordleState
+
+log = logging.getLogger(__name__)
 
 
 class WordleServerError(RuntimeError):
@@ -79,12 +84,23 @@ class WordleEnv(EnvClient[WordleAction, WordleObservation, WordleState]):
             episode_id: id reported by ``state()``.
             target: play this exact word (tests); not together with ``seed``.
 
+        If the server has closed this session (idle expiry), a new connection is opened and
+        the reset sent again, once.
+
         Raises:
             WordleServerError: e.g. ``EXECUTION_ERROR`` for unusable options, with the
-                server's explanation.
+                server's explanation; ``WordleCapacityError`` when the server is full.
+            ConnectionError: the server cannot be reached.
         """
         options = {"seed": seed, "episode_id": episode_id, "target": target}
-        return await super().reset(**{k: v for k, v in options.items() if v is not None})
+        options = {k: v for k, v in options.items() if v is not None}
+        try:
+            return await super().reset(**options)
+        except (WordleSessionExpiredError, ConnectionError) as error:
+            # A reset needs nothing from the old session, so a session the server closed
+            # (idle expiry, restart) is replaced by a new connection, once.
+            log.info("Wordle session was closed (%s); reconnecting to reset", error)
+            return await super().reset(**options)
 
     async def step(  # type: ignore[override]
         self, action: WordleAction | str, **kwargs: Any
@@ -100,9 +116,11 @@ class WordleEnv(EnvClient[WordleAction, WordleObservation, WordleState]):
             response = await self._receive()
         except ConnectionClosed as closed:
             # A server that closes a session (capacity reached, idle expiry) says why in an
-            # error frame just before the close; raise that reason, not the bare close.
+            # error frame just before the close; raise that reason, not the bare close. The
+            # next call opens a new connection (a new session: reset before stepping).
             last = await self._last_frame()
-            if last is None:
+            self._ws = None
+            if last is None or last.get("type") != "error":
                 raise ConnectionError(
                     f"the server closed this session ({closed}); create a new client and reset"
                 ) from closed

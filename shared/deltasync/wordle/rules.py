@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 WORD_LENGTH = 5
 MAX_GUESSES = 6
@@ -38,7 +38,6 @@ YELLOW_CREDIT = 0.5
 # TextArena's pattern: the first ``[token]`` of word characters (Unicode \w, so that a
 # non-ASCII token is reported as such instead of as "no guess found").
 _GUESS_PATTERN = re.compile(r"\[(\w+)\]")
-_LOWER_ASCII = frozenset("abcdefghijklmnopqrstuvwxyz")
 
 # Machine-readable codes of invalid moves (``InvalidMove.code``).
 NO_GUESS_FOUND = "no_guess_found"
@@ -51,7 +50,8 @@ INVALID_MOVE_CODES = (NO_GUESS_FOUND, NOT_ASCII_LETTERS, WRONG_LENGTH, REPEATED_
 
 def is_lower_ascii_word(text: str) -> bool:
     """True when ``text`` is non-empty and made only of the letters a-z."""
-    return bool(text) and all(ch in _LOWER_ASCII for ch in text)
+    # ASCII + alphabetic + no uppercase == only a-z (three C-level scans, no Python loop).
+    return text.isascii() and text.isalpha() and text.islower()
 
 
 def feedback(guess: str, target: str) -> str:
@@ -214,7 +214,15 @@ class RewardBreakdown:
 
     def as_dict(self) -> dict[str, float]:
         """The fields as a plain ``{name: value}`` dict (JSON-ready)."""
-        return asdict(self)
+        # Spelled out: dataclasses.asdict deep-copies every value, which shows in profiles.
+        return {
+            "greens": self.greens,
+            "yellows": self.yellows,
+            "valid_format": self.valid_format,
+            "valid_guess": self.valid_guess,
+            "correct": self.correct,
+            "game_reward": self.game_reward,
+        }
 
 
 def reward_breakdown(

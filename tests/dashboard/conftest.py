@@ -1,0 +1,218 @@
+"""Fixtures of the dashboard tests: a bucket recorded with the real publisher and subscriber.
+
+``RunRecorder`` publishes small random bf16 models (np.uint16 bits) with the real
+``DeltaPublisher``, follows them with real ``DeltaSubscriber``s into ``HeldWeights`` (one simulated
+replica loop per replica, apply path "cpu-dict": verified patches are applied to a separate serving
+dict inside the "pause"), writes each replica's ``ReplicaHeartbeat`` with its ``SyncRecord``s, and
+the trainer's ``TrainerMetrics``. ``recorded_bucket`` is a finished recording; ``run_recorder``
+hands out the class for tests that record while the dashboard runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from deltasync.publisher import DeltaPublisher, PublisherConfig
+from deltasync.status import (
+    TRAINER_METRICS_PATH,
+    ReplicaHeartbeat,
+    StepMetrics,
+    SyncRecord,
+    TrainerMetrics,
+    lag_versions,
+    write_heartbeat,
+)
+from deltasync.store import Store
+from deltasync.subscriber import DeltaSubscriber, HeldWeights, apply_patches
+
+SHAPES = {
+    "model.embed.weight": (64, 16),
+    "model.layer0.mlp.weight": (32, 32),
+    "lm_head.bias": (48,),
+}
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (np.uint16) by truncation."""
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+@dataclass
+class _Replica:
+    replica_id: str
+    every: int  # syncs after every ``every``-th version
+    subscriber: DeltaSubscriber
+    held: HeldWeights
+    serving: dict  # the "engine" weights: np.uint16 bits, updated inside the pause
+    heartbeat: ReplicaHeartbeat
+
+
+class RunRecorder:
+    """Records a run into ``uri``: call :meth:`step` once per trainer step, then :meth:`close`.
+
+    Args:
+        uri: the bucket (run root).
+        replicas: {replica_id: sync every N versions} (N > 1 makes that replica lag and chain).
+        anchor_every: the publisher's anchor interval (small, so anchors appear).
+        density: fraction of elements changed per step.
+        seed: numpy seed of the weights, changes, rewards and staleness.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        replicas: dict[str, int] | None = None,
+        anchor_every: int = 3,
+        density: float = 0.05,
+        seed: int = 0,
+    ):
+        self.store = Store(uri)
+        self.rng = np.random.default_rng(seed)
+        self.density = density
+        self.weights = {
+            n: _bf16_bits(self.rng.standard_normal(s).astype(np.float32)) for n, s in SHAPES.items()
+        }
+        self.publisher = DeltaPublisher(
+            self.store,
+            run_id="dash-test",
+            config=PublisherConfig(anchor_every=anchor_every, keep_anchors=100, encode_threads=1),
+        )
+        self.replicas = {
+            rid: _Replica(
+                rid,
+                every,
+                DeltaSubscriber(self.store, fetch_threads=1),
+                HeldWeights(),
+                {},
+                ReplicaHeartbeat(
+                    replica_id=rid,
+                    held_version=None,
+                    newest_seen=None,
+                    lag_versions=None,
+                    lag_s=0.0,
+                    status="starting",
+                    apply_path="cpu-dict",
+                ),
+            )
+            for rid, every in (replicas or {"r0": 1, "r1": 2}).items()
+        }
+        self.metrics = TrainerMetrics(run_id="dash-test")
+        self.steps = 0
+        for r in self.replicas.values():
+            write_heartbeat(self.store, r.heartbeat)
+
+    def step(self) -> int:
+        """One trainer step: change the weights, publish and commit, sync due replicas, write
+        heartbeats and metrics. Returns the version published."""
+        if self.steps:
+            for bits in self.weights.values():
+                flat = bits.reshape(-1)
+                idx = self.rng.choice(flat.size, max(1, int(self.density * flat.size)), False)
+                flat[idx] = _bf16_bits(self.rng.standard_normal(idx.size).astype(np.float32))
+        version = self.publisher.publish(self.weights.items(), step=self.steps)
+        self.publisher.flush(timeout=30)
+        entry = self.publisher.manifest.entry(version)
+        self.steps += 1
+        for r in self.replicas.values():
+            if version % r.every == 0:
+                self._sync(r)
+            self._beat(r)
+        staleness = {str(k): int(self.rng.integers(0, 5)) for k in range(3)}
+        staleness["0"] += 1
+        self.metrics.steps.append(
+            StepMetrics(
+                step=entry.step,
+                version=version,
+                time=entry.created_at,
+                reward=float(self.rng.uniform(0, 1)),
+                loss=float(self.rng.uniform(0, 2)),
+                staleness=staleness,
+                diff_s=entry.timings_s.get("diff_s"),
+                encode_s=entry.timings_s.get("encode_s"),
+                upload_s=entry.timings_s.get("write_upload_s"),
+                bytes=(entry.delta.bytes if entry.delta else 0)
+                + (entry.anchor.bytes if entry.anchor else 0),
+                density=entry.density,
+            )
+        )
+        self.metrics.updated_at = time.time()
+        self.store.write_bytes(TRAINER_METRICS_PATH, self.metrics.model_dump_json().encode())
+        return version
+
+    def _sync(self, r: _Replica) -> None:
+        manifest = r.subscriber.read_manifest()
+        plan = r.subscriber.plan(r.held.version, manifest)
+        if not plan.steps:
+            return
+        fetch_s = decode_s = apply_s = 0.0
+        applied = []
+        for st in plan.steps:
+            fetched = r.subscriber.fetch(st)
+            fetch_s += fetched.fetch_s
+            t0 = time.perf_counter()
+            applied.append(r.subscriber.apply(fetched, r.held, manifest))
+            decode_s += time.perf_counter() - t0
+        t_pause = time.perf_counter()
+        for patches in applied:  # the pause: apply to the serving weights (cpu-dict path)
+            t0 = time.perf_counter()
+            apply_patches(r.serving, patches)
+            apply_s += time.perf_counter() - t0
+        paused_s = time.perf_counter() - t_pause
+        kind = "anchor" if plan.reanchor else ("delta" if len(plan.steps) == 1 else "chain")
+        r.heartbeat.recent.append(
+            SyncRecord(
+                version=plan.to_version,
+                from_version=plan.from_version,
+                kind=kind,
+                steps=len(plan.steps),
+                bytes=plan.bytes,
+                fetch_s=fetch_s,
+                decode_s=decode_s,
+                paused_s=paused_s,
+                apply_s=apply_s,
+                published_at=manifest.entry(plan.to_version).created_at,
+                applied_at=time.time(),
+                apply_path="cpu-dict",
+            )
+        )
+
+    def _beat(self, r: _Replica) -> None:
+        manifest = r.subscriber.read_manifest()
+        latest = manifest.latest
+        hb = r.heartbeat
+        hb.held_version = r.held.version
+        hb.newest_seen = latest.version
+        hb.lag_versions = lag_versions(latest.version, r.held.version)
+        hb.lag_s = time.time() - latest.created_at if hb.lag_versions else 0.0
+        hb.status = "ok"
+        hb.updated_at = time.time()
+        write_heartbeat(self.store, hb)
+
+    def close(self) -> None:
+        """Close the publisher (releases its lease) and the subscribers."""
+        self.publisher.close()
+        for r in self.replicas.values():
+            r.subscriber.close()
+
+
+@pytest.fixture
+def run_recorder() -> type[RunRecorder]:
+    """The RunRecorder class (for tests that record while something reads)."""
+    return RunRecorder
+
+
+@pytest.fixture
+def recorded_bucket(tmp_path) -> Iterator[tuple[str, RunRecorder]]:
+    """A finished recording: 8 versions (anchors every 3), replicas r0 (every version) and r1
+    (every 2nd version, so it lags one version at odd versions). Yields (uri, recorder)."""
+    uri = str(tmp_path / "bucket")
+    rec = RunRecorder(uri)
+    for _ in range(8):
+        rec.step()
+    rec.close()
+    yield uri, rec

@@ -1,0 +1,297 @@
+"""The dashboard data layer (``deltasync.dashboard.data``) on buckets recorded by the real
+publisher and subscriber: the frames it builds (checked against the recorded manifest, heartbeats
+and metrics), cheap re-reading, stalled/failing flags, and the waiting/error states of empty,
+half-written and unreadable buckets. Also that importing it stays light (no torch, no gradio)."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from deltasync.dashboard.data import BYTES_PER_MB, COLUMNS, BucketReader
+from deltasync.manifest import MANIFEST_PATH, Manifest
+from deltasync.status import (
+    TRAINER_METRICS_PATH,
+    ReplicaHeartbeat,
+    TrainerMetrics,
+    read_heartbeats,
+    write_heartbeat,
+)
+from deltasync.store import Store
+
+
+def _recorded(uri: str) -> tuple[Manifest, dict[str, ReplicaHeartbeat], TrainerMetrics]:
+    store = Store(uri)
+    manifest = Manifest.from_json(store.read_bytes(MANIFEST_PATH))
+    metrics = TrainerMetrics.model_validate_json(store.read_bytes(TRAINER_METRICS_PATH))
+    return manifest, read_heartbeats(store), metrics
+
+
+def _unix(col: pd.Series) -> list[float]:
+    """A frame's naive-UTC datetime column back to unix seconds."""
+    return [t.value / 1e9 for t in col]
+
+
+def test_frames_match_the_recorded_bucket(recorded_bucket):
+    uri, _ = recorded_bucket
+    manifest, heartbeats, metrics = _recorded(uri)
+    now = max(hb.updated_at for hb in heartbeats.values()) + 1.0
+    snap = BucketReader(uri).read(now=now)
+
+    assert snap.state == "ok", snap.message
+    assert snap.run_id == manifest.run_id
+    assert snap.trainer_version == manifest.latest.version
+    assert snap.warnings == []
+    for name, cols in COLUMNS.items():
+        assert list(snap.frame(name).columns) == cols, name
+
+    # payload MB per version, anchors marked
+    payloads = snap.frame("payloads")
+    want = {(v.version, "delta", v.delta.bytes) for v in manifest.versions if v.delta}
+    want |= {(v.version, "anchor", v.anchor.bytes) for v in manifest.versions if v.anchor}
+    assert set(zip(payloads.version, payloads.kind, payloads.bytes, strict=True)) == want
+    assert payloads.mb.tolist() == pytest.approx((payloads.bytes / BYTES_PER_MB).tolist())
+    anchors = [v.version for v in manifest.versions if v.anchor]
+    assert len(anchors) >= 2  # the fixture anchors every 3 versions
+    density = snap.frame("density").set_index("version")
+    for v in manifest.versions:
+        assert density.loc[v.version, "density"] == pytest.approx(v.density)
+        assert density.loc[v.version, "changed"] == v.changed
+        assert (density.loc[v.version, "marker"] != "delta") == (v.anchor is not None)
+
+    # held version vs trainer version over time
+    versions = snap.frame("versions")
+    trainer = versions[versions.series == "trainer"]
+    assert trainer.version.tolist() == [v.version for v in manifest.versions] + [
+        manifest.latest.version
+    ]
+    assert _unix(trainer.time)[:-1] == pytest.approx([v.created_at for v in manifest.versions])
+    assert _unix(trainer.time)[-1] == pytest.approx(now)
+    for rid, hb in heartbeats.items():
+        mine = versions[versions.series == rid]
+        points = dict(zip(_unix(mine.time), mine.version, strict=True))
+        want_points = {r.applied_at: r.version for r in hb.recent}
+        want_points[hb.updated_at] = hb.held_version
+        assert sorted(points.values()) == sorted(want_points.values())
+        assert sorted(points) == pytest.approx(sorted(want_points))
+
+    # one row per sync record, with its timings; lag_s there is publish -> apply
+    syncs = snap.frame("syncs")
+    records = [(rid, r) for rid, hb in heartbeats.items() for r in hb.recent]
+    assert len(syncs) == len(records)
+    by_key = {(row.replica, row.version): row for row in syncs.itertuples()}
+    for rid, r in records:
+        row = by_key[(rid, r.version)]
+        assert (row.kind, row.steps, row.bytes) == (r.kind, r.steps, r.bytes)
+        assert row.fetch_s == pytest.approx(r.fetch_s)
+        assert row.paused_s == pytest.approx(r.paused_s)
+        assert row.apply_s == pytest.approx(r.apply_s)
+        assert row.lag_s == pytest.approx(r.lag_s)
+    assert {"chain"} <= set(syncs.kind)  # r1 syncs every 2nd version: two deltas per pause
+    phases = snap.frame("sync_phases")
+    assert len(phases) == 4 * len(records)
+    assert set(phases.phase) == {"fetch", "decode", "apply", "paused"}
+
+    # lag over time: the status.py definition evaluated just before and at each apply
+    lag = snap.frame("lag")
+    created = [v.created_at for v in manifest.versions]
+    for rid, hb in heartbeats.items():
+        rows = lag[(lag.replica == rid) & (lag.source == "sync")]
+        at = dict(zip(_unix(rows.time), rows.lag_versions, strict=True))
+        for r in hb.recent:
+            newest = manifest.versions[bisect.bisect_right(created, r.applied_at) - 1]
+            got = [v for t, v in at.items() if t == pytest.approx(r.applied_at, abs=1e-6)]
+            assert newest.version - r.version in got
+        beats = lag[(lag.replica == rid) & (lag.source == "heartbeat")]
+        assert beats.lag_versions.tolist() == [hb.lag_versions]
+    r1 = lag[(lag.replica == "r1") & (lag.source == "sync")]
+    assert r1.lag_versions.max() >= 1  # r1 falls behind between its syncs
+
+    # reward and staleness over steps
+    training = snap.frame("training")
+    assert training.step.tolist() == [s.step for s in metrics.steps]
+    assert training.reward.tolist() == pytest.approx([s.reward for s in metrics.steps])
+    for s, mean in zip(metrics.steps, training.staleness_mean, strict=True):
+        n = sum(s.staleness.values())
+        assert mean == pytest.approx(sum(int(k) * c for k, c in s.staleness.items()) / n)
+    staleness = snap.frame("staleness")
+    assert int(staleness["count"].sum()) == sum(sum(s.staleness.values()) for s in metrics.steps)
+
+    # status table
+    status = snap.frame("status").set_index("replica")
+    assert set(status.index) == set(heartbeats)
+    for rid, hb in heartbeats.items():
+        row = status.loc[rid]
+        assert row.held_version == hb.held_version
+        assert row.lag_versions == manifest.latest.version - hb.held_version
+        assert row.heartbeat_age_s == pytest.approx(now - hb.updated_at, abs=0.1)
+        assert row.health == "ok"
+    assert "trainer version" in snap.markdown()
+
+
+def test_unchanged_bucket_is_not_read_again(recorded_bucket):
+    uri, _ = recorded_bucket
+    reader = BucketReader(uri)
+    first = reader.read()
+    assert first.stats.files_read == 4  # manifest, 2 heartbeats, trainer metrics
+    again = reader.read()
+    assert (again.stats.files_read, again.stats.bytes_read) == (0, 0)
+    assert again.frame("syncs").equals(first.frame("syncs"))
+
+    store = Store(uri)
+    hb = read_heartbeats(store)["r0"]
+    hb.status, hb.recent = "syncing", []  # its sync records stay in the dashboard's history
+    write_heartbeat(store, hb)
+    third = reader.read()
+    assert third.stats.files_read == 1
+    assert third.frame("status").set_index("replica").loc["r0", "status"] == "syncing"
+    assert len(third.frame("syncs")) == len(first.frame("syncs"))
+
+
+def test_memory_store_rereads_only_what_changed():
+    uri = "memory://dash-test-reread"
+    store = Store(uri)
+    for rid in ("a", "b"):
+        write_heartbeat(
+            store,
+            ReplicaHeartbeat(
+                replica_id=rid,
+                held_version=None,
+                newest_seen=None,
+                lag_versions=None,
+                lag_s=0.0,
+                status="starting",
+            ),
+        )
+    reader = BucketReader(uri)
+    snap = reader.read()
+    assert snap.state == "waiting" and snap.stats.files_read == 2
+    assert reader.read().stats.files_read == 0
+    write_heartbeat(
+        store,
+        ReplicaHeartbeat(
+            replica_id="b",
+            held_version=None,
+            newest_seen=None,
+            lag_versions=None,
+            lag_s=0.0,
+            status="error",
+            last_error="boom",
+        ),
+    )
+    snap = reader.read()
+    assert snap.stats.files_read == 1
+    assert snap.frame("status").set_index("replica").loc["b", "last_error"] == "boom"
+    store.rm(store.ls(""))
+
+
+def test_stalled_and_failing_replicas_are_flagged(recorded_bucket):
+    uri, _ = recorded_bucket
+    store = Store(uri)
+    heartbeats = read_heartbeats(store)
+    now = max(hb.updated_at for hb in heartbeats.values())
+    r0, r1 = heartbeats["r0"], heartbeats["r1"]
+    r0.updated_at = now - 120.0
+    r1.status, r1.errors, r1.last_error = "error", 3, "DeltaCorruptError: v5 digest mismatch"
+    write_heartbeat(store, r0)
+    write_heartbeat(store, r1)
+
+    snap = BucketReader(uri, stalled_after_s=30.0).read(now=now)
+    status = snap.frame("status").set_index("replica")
+    assert status.loc["r0", "health"] == "STALLED"
+    assert status.loc["r0", "heartbeat_age_s"] == pytest.approx(120.0)
+    assert status.loc["r1", "health"] == "FAILING"
+    assert status.loc["r1", "last_error"] == r1.last_error
+    assert status.loc["r1", "errors"] == 3
+    assert "2 flagged" in snap.markdown()
+
+
+def test_empty_bucket_is_waiting(tmp_path):
+    snap = BucketReader(str(tmp_path)).read()
+    assert snap.state == "waiting"
+    assert "waiting for the first version" in snap.message
+    assert str(tmp_path) in snap.message
+    for name in COLUMNS:
+        assert snap.frame(name).empty
+    assert "WAITING" in snap.markdown()
+
+
+def test_missing_local_folder_is_waiting_and_not_created(tmp_path):
+    path = tmp_path / "not-yet"
+    snap = BucketReader(str(path)).read()
+    assert snap.state == "waiting" and "does not exist yet" in snap.message
+    assert not path.exists()
+
+
+def test_payload_without_manifest_is_waiting(tmp_path):
+    part = tmp_path / "anchors" / "v0000000000" / "part-0000.safetensors"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"\0" * 64)
+    snap = BucketReader(str(tmp_path)).read()
+    assert snap.state == "waiting"
+    assert "1 payload file(s) but no manifest.json" in snap.message
+    assert "waiting for the first version" in snap.message
+
+
+def test_garbage_manifest_is_waiting_then_recovers(tmp_path, recorded_bucket, caplog):
+    (tmp_path / MANIFEST_PATH).write_bytes(b'{"schema": "deltasync.manifest/1", "run_')
+    reader = BucketReader(str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="deltasync.dashboard"):
+        snap = reader.read()
+    assert snap.state == "waiting"
+    assert f"{tmp_path}/{MANIFEST_PATH}" in snap.message and "not a valid manifest" in snap.message
+    assert "does not parse" in caplog.text  # recovered on purpose, and logged
+
+    good = Store(recorded_bucket[0]).read_bytes(MANIFEST_PATH)
+    (tmp_path / MANIFEST_PATH).write_bytes(good)
+    assert reader.read().state == "ok"
+    (tmp_path / MANIFEST_PATH).write_bytes(b"[]")  # damaged after a good one: keep the last good
+    snap = reader.read()
+    assert snap.state == "ok" and snap.trainer_version == Manifest.from_json(good).latest.version
+    assert any("does not parse" in w for w in snap.warnings)
+
+
+def test_malformed_heartbeat_is_skipped(recorded_bucket):
+    uri, _ = recorded_bucket
+    store = Store(uri)
+    store.write_bytes("replicas/broken.json", json.dumps({"replica_id": "broken"}).encode())
+    store.write_bytes("replicas/.tmp-abc123r9.json", b'{"half')  # a write underway: ignored
+    snap = BucketReader(uri).read()
+    assert snap.state == "ok"
+    assert set(snap.frame("status").replica) == {"r0", "r1"}
+    assert len(snap.warnings) == 1 and "replicas/broken.json" in snap.warnings[0]
+
+
+@pytest.mark.parametrize("kind", ["file", "hf-model-repo", "unknown-protocol"])
+def test_unreadable_uri_names_it(tmp_path, kind, caplog):
+    if kind == "file":
+        uri = str(tmp_path / "a-file")
+        (tmp_path / "a-file").write_text("not a folder")
+    elif kind == "hf-model-repo":
+        uri = "hf://someone/some-model"
+    else:
+        uri = "nosuchproto://bucket/run"
+    with caplog.at_level(logging.WARNING, logger="deltasync.dashboard"):
+        snap = BucketReader(uri).read()
+    assert snap.state == "error"
+    assert uri in snap.message
+    assert "cannot read" in snap.message
+    assert "ERROR" in snap.markdown()
+    assert uri in caplog.text
+
+
+def test_importing_the_data_layer_is_light():
+    code = (
+        "import sys, deltasync, deltasync.dashboard.data\n"
+        "bad = [m for m in ('torch', 'gradio', 'vllm') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
