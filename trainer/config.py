@@ -68,7 +68,7 @@ class TrainConfig:
     keep_anchors: int = 2
     bf16: bool = False
     output_dir: str | None = None
-    dashboard: bool = False
+    dashboard: bool = True
     dashboard_port: int = 7861
     takeover: bool = False
     seed: int = 0

@@ -15,6 +15,7 @@ import os
 import shutil
 import statistics
 import time
+from dataclasses import dataclass
 
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.status import read_heartbeats
@@ -133,8 +134,31 @@ def _wait_replica(version_fn, version: int, timeout_s: float = 600.0) -> None:
     raise TimeoutError(f"the replica did not apply v{version} within {timeout_s:.0f}s")
 
 
-def run(cfg: TrainConfig) -> dict:
-    """Train; returns the summary (also printed and written to ``runs/<run_id>/summary.json``)."""
+@dataclass
+class RunContext:
+    """What hooks of :func:`run` can use: the config, the bucket, the model folder, the log folder,
+    the publisher, and the children (anything appended is stopped at the end)."""
+
+    cfg: TrainConfig
+    store: Store
+    store_uri: str
+    model_path: str
+    logs_dir: str
+    children: list
+    publisher: DeltaPublisher | None = None
+
+
+def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -> dict:
+    """Train; returns the summary (also printed and written to ``runs/<run_id>/summary.json``).
+
+    Args:
+        cfg: the configuration.
+        callbacks: factories ``f(ctx: RunContext) -> transformers.TrainerCallback`` (e.g. the
+            fault injection of ``trainer.e2e``).
+        publisher_hook: ``f(ctx)`` called once the publisher exists.
+        before_stop: ``f(ctx, summary)`` called after training, before the children stop; it may
+            add to the summary.
+    """
     trl_compat.apply()
     os.makedirs(cfg.run_dir, exist_ok=True)
     store_uri = cfg.store_uri()
@@ -165,6 +189,9 @@ def run(cfg: TrainConfig) -> dict:
         if cfg.dashboard and cfg.local:
             children.append(local_stack.start_dashboard(store_uri, cfg.dashboard_port, logs_dir))
             log.info("dashboard: http://127.0.0.1:%d", cfg.dashboard_port)
+        ctx = RunContext(cfg, store, store_uri, model_path, logs_dir, children, publisher)
+        if publisher_hook is not None:
+            publisher_hook(ctx)
         for child in children:
             child.wait_healthy(900)
         replica_url = cfg.vllm_url
@@ -174,6 +201,8 @@ def run(cfg: TrainConfig) -> dict:
 
         trainer, transfer, tagger = build_trainer(cfg, model_path, publisher, replica_version)
         trainer.add_callback(BucketMetricsCallback(store, cfg.run_id, publisher, tagger))
+        for make_callback in callbacks:
+            trainer.add_callback(make_callback(ctx))
         try:
             trainer.train()
         finally:
@@ -182,6 +211,8 @@ def run(cfg: TrainConfig) -> dict:
             _wait_replica(replica_version, publisher.published[-1].version, timeout_s=120)
         summary = _summary(cfg, store, publisher, tagger, replica_version, t_start)
         summary["trainer_model_digest"] = _model_digest(trainer.model)
+        if before_stop is not None:
+            before_stop(ctx, summary)
     finally:
         for child in reversed(children):
             child.stop()

@@ -17,6 +17,7 @@ def test_train_loop_end_to_end(tmp_path):
     cfg = TrainConfig(
         run_id="e2e", runs_root=str(tmp_path), max_steps=3, num_generations=4,
         per_device_train_batch_size=4, max_completion_length=24, anchor_every=2,
+        dashboard=False,
     )  # fmt: skip
     summary = run(cfg)
     store = Store(cfg.store_uri())

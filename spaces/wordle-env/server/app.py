@@ -1,0 +1,85 @@
+"""The Wordle Space's ASGI app, built by openenv-core's ``create_app``, and its entry point.
+
+Routes all come from openenv-core: ``/ws`` (stateful sessions, what clients use), ``/reset``,
+``/step``, ``/state`` (stateless HTTP), ``/health``, ``/schema``, ``/metadata``, and the
+Gradio playground at ``/web`` when ``ENABLE_WEB_INTERFACE`` is on. We add two things around
+them: ``MessageGuard`` (size caps, idle expiry) and an exception handler that turns bad
+``reset`` options into HTTP 422.
+
+Run: ``python -m server.app`` from ``spaces/wordle-env`` (settings: ``server/config.py``).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.types import ConcurrencyConfig
+
+from deltasync.wordle.models import WordleAction, WordleObservation
+
+from .config import WordleServerConfig, load_config
+from .message_guard import MessageGuard
+from .wordle_environment import WordleEnvironment, WordleResetError
+
+
+async def _reset_error_response(request: Request, exc: Exception) -> JSONResponse:
+    """HTTP ``/reset`` with unusable options: 422 with our message (else it would be a 500)."""
+    return JSONResponse(status_code=422, content={"detail": str(exc)})
+
+
+def build_app(config: WordleServerConfig) -> FastAPI:
+    """Build the app for ``config``.
+
+    openenv-core's ``create_app`` reads ``ENABLE_WEB_INTERFACE`` from the process environment
+    itself (default off); we export the value ``config`` resolved (default on) so that the
+    setting has one source.
+    """
+    os.environ["ENABLE_WEB_INTERFACE"] = "true" if config.web_interface else "false"
+    app = create_app(
+        WordleEnvironment,
+        WordleAction,
+        WordleObservation,
+        env_name="wordle",
+        concurrency_config=ConcurrencyConfig(
+            max_concurrent_envs=config.max_sessions,
+            session_timeout=config.idle_timeout_s,
+        ),
+    )
+    app.add_exception_handler(WordleResetError, _reset_error_response)
+    app.add_middleware(
+        MessageGuard,
+        max_message_bytes=config.max_message_bytes,
+        idle_timeout_s=config.idle_timeout_s,
+    )
+    return app
+
+
+config = load_config()
+app = build_app(config)
+# The imports above (gradio, fastmcp, pydantic schemas) leave ~250k long-lived objects; a
+# full collection over them stalls every session for ~200 ms. Freezing moves them out of the
+# collector's reach, so only objects created while serving are ever scanned.
+gc.collect()
+gc.freeze()
+
+
+def main() -> None:
+    """Serve ``app`` with uvicorn on ``config.host:config.port``."""
+    print(f"wordle-env: {config}", flush=True)
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        ws_max_size=config.ws_hard_limit_bytes,
+        ws_per_message_deflate=config.ws_compression,
+        log_level=config.log_level,
+    )
+
+
+if __name__ == "__main__":
+    main()

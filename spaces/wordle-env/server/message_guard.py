@@ -1,0 +1,265 @@
+"""ASGI middleware in front of openenv-core's app: message size caps and idle expiry.
+
+openenv-core's ``/ws`` handler answers most bad input with an error frame and keeps the
+session, but a frame that is valid JSON yet not an object (``[]``, ``"x"``), a binary frame,
+deeply nested JSON or JSON with lone surrogate escapes makes it drop the whole session; and
+its idle reaper frees the session slot without closing the socket, so an expired client could
+keep playing outside the cap. This middleware closes those gaps without replacing any route:
+
+- WebSocket ``/ws`` (and ``/mcp``): frames over ``max_message_bytes`` (``MESSAGE_TOO_LARGE``),
+  binary frames and non-object JSON (``INVALID_MESSAGE``), JSON nested deeper than
+  ``MAX_JSON_DEPTH`` or holding lone surrogate escapes (``INVALID_JSON``; openenv-core cannot
+  serialize its echo of such input) get an error frame shaped like openenv-core's
+  (``{"type": "error", "data": {"message", "code"}}``) and the session stays usable. A client
+  silent for ``idle_timeout_s`` gets ``SESSION_EXPIRED`` and the connection is closed (code
+  1000), which also ends the session in openenv-core.
+- HTTP: request bodies over ``max_message_bytes`` get 413 before the app reads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("wordle.message_guard")
+
+MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+INVALID_MESSAGE = "INVALID_MESSAGE"
+INVALID_JSON = "INVALID_JSON"
+SESSION_EXPIRED = "SESSION_EXPIRED"
+_EXAMPLE = '{"type": "step", "data": {"message": "[crane]"}}'
+# Deeper JSON is refused: openenv-core echoes invalid input in its validation errors and
+# pydantic cannot serialize that echo past a few hundred levels (the session would drop).
+MAX_JSON_DEPTH = 32
+
+
+def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Why parsed JSON ``value`` would break openenv-core's echo of it, or None if it is fine.
+
+    Two things do: nesting deeper than ``max_depth`` lists/objects, and strings (values or
+    keys) holding lone UTF-16 surrogates (``"\\ud800"`` escapes), which cannot be encoded
+    back to UTF-8.
+    """
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii():
+                try:
+                    node.encode("utf-8")
+                except UnicodeEncodeError:
+                    return (
+                        "JSON holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which "
+                        "is not valid Unicode text; send valid UTF-8 text"
+                    )
+            continue
+        if isinstance(node, dict):
+            children: list[Any] = [*node.keys(), *node.values()]
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > max_depth:
+            return f"JSON nested more than {max_depth} levels deep; send a flat message"
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+if sys.version_info >= (3, 11):
+
+    async def _receive_within(receive: Receive, timeout_s: float) -> Message:
+        """``await receive()``, raising ``TimeoutError`` after ``timeout_s``.
+
+        ``asyncio.timeout`` arms one timer handle; ``wait_for`` (3.10) creates a task per call.
+        """
+        async with asyncio.timeout(timeout_s):
+            return await receive()
+
+else:  # pragma: no cover - Python 3.10
+
+    async def _receive_within(receive: Receive, timeout_s: float) -> Message:
+        """``await receive()``, raising ``asyncio.TimeoutError`` after ``timeout_s``."""
+        return await asyncio.wait_for(receive(), timeout=timeout_s)
+
+
+def error_frame(code: str, message: str) -> str:
+    """An error frame as openenv-core writes them (its clients raise on ``type == "error"``)."""
+    return json.dumps({"type": "error", "data": {"message": message, "code": code}})
+
+
+class MessageGuard:
+    """Wraps an ASGI app; see the module docstring for what it checks.
+
+    Args:
+        app: the openenv-core FastAPI app.
+        max_message_bytes: largest WebSocket frame / HTTP body accepted, in bytes.
+        idle_timeout_s: seconds a session may wait for the client's next frame.
+        ws_paths: the WebSocket endpoints that hold a session each: openenv-core's ``/ws``
+            and ``/mcp`` (the latter is unused by Wordle but would otherwise hold a slot
+            without limits).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_message_bytes: int,
+        idle_timeout_s: float,
+        ws_paths: tuple[str, ...] = ("/ws", "/mcp"),
+    ) -> None:
+        self.app = app
+        self.max_message_bytes = max_message_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self.ws_paths = ws_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "websocket" and scope.get("path") in self.ws_paths:
+            await self._websocket(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_message_bytes:
+            await self._too_large(send, int(declared))
+            return
+        chunks: list[bytes] = []
+        size = 0
+        first: Message
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # http.disconnect: let the app see it
+                first = message
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_message_bytes:
+                await self._too_large(send, size)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return first
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Send, size: int) -> None:
+        body = json.dumps(
+            {
+                "detail": f"request body is at least {size} bytes; the limit is "
+                f"{self.max_message_bytes} bytes (WORDLE_MAX_MESSAGE_BYTES); send a smaller body"
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    # -- WebSocket ---------------------------------------------------------------------------
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        closed = False  # the connection is over: the guard closed it or the client left
+
+        async def guarded_send(message: Message) -> None:
+            # openenv-core always sends a close when its session ends, even after the client
+            # has gone (uvicorn then raises ClientDisconnected and logs a traceback) or after
+            # the guard closed the connection. Nothing can go out then, so it is dropped.
+            if closed and message["type"] == "websocket.close":
+                return
+            await send(message)
+
+        async def guarded_receive() -> Message:
+            nonlocal closed
+            while True:
+                try:
+                    message = await _receive_within(receive, self.idle_timeout_s)
+                except asyncio.TimeoutError:
+                    closed = True
+                    await self._expire(send, scope)
+                    return {"type": "websocket.disconnect", "code": 1000}
+                if message["type"] == "websocket.disconnect":
+                    closed = True
+                if message["type"] != "websocket.receive":
+                    return message
+                problem = self._check_frame(message)
+                if problem is None:
+                    return message
+                await send({"type": "websocket.send", "text": problem})
+
+        await self.app(scope, guarded_receive, guarded_send)
+
+    async def _expire(self, send: Send, scope: Scope) -> None:
+        text = error_frame(
+            SESSION_EXPIRED,
+            f"session closed after {self.idle_timeout_s:g} s without a message "
+            "(WORDLE_IDLE_TIMEOUT_S); reconnect and reset to play again",
+        )
+        try:
+            await send({"type": "websocket.send", "text": text})
+            await send({"type": "websocket.close", "code": 1000, "reason": "idle timeout"})
+        except OSError as exc:  # uvicorn's ClientDisconnected: the client is gone already
+            log.info("idle session from %s was already disconnected: %s", scope.get("client"), exc)
+
+    def _check_frame(self, message: Message) -> str | None:
+        """Return an error frame for a frame openenv-core would choke on, else None."""
+        text = message.get("text")
+        if text is None:
+            data = message.get("bytes") or b""
+            return error_frame(
+                INVALID_MESSAGE,
+                f"expected a JSON text frame, found a binary frame of {len(data)} bytes; "
+                f"send the JSON as text, e.g. {_EXAMPLE}",
+            )
+        size = len(text) if len(text) * 4 <= self.max_message_bytes else len(text.encode())
+        if size > self.max_message_bytes:
+            return error_frame(
+                MESSAGE_TOO_LARGE,
+                f"message is {size} bytes; the limit is {self.max_message_bytes} bytes "
+                f"(WORDLE_MAX_MESSAGE_BYTES); send just the guess, e.g. {_EXAMPLE}",
+            )
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError:
+            return None  # openenv-core answers INVALID_JSON itself and keeps the session
+        except RecursionError:
+            problem = f"JSON nested more than {MAX_JSON_DEPTH} levels deep; send a flat message"
+        else:
+            problem = json_problem(parsed)
+        if problem is not None:
+            return error_frame(INVALID_JSON, f"{problem}, e.g. {_EXAMPLE}")
+        if not isinstance(parsed, dict):
+            return error_frame(
+                INVALID_MESSAGE,
+                f"expected a JSON object, found a JSON {type(parsed).__name__}; "
+                f"send e.g. {_EXAMPLE}",
+            )
+        return None

@@ -1,0 +1,59 @@
+"""The Space's configuration (``spaces/wordle-env/server/config.py``).
+
+Covers: defaults, values read from environment variables, and clear errors naming the
+variable, the accepted range and the value found.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import pytest
+
+
+@pytest.fixture()
+def config_module(space_server: ModuleType) -> ModuleType:
+    return importlib.import_module(f"{space_server.__name__}.config")
+
+
+def test_defaults(config_module: ModuleType) -> None:
+    config = config_module.load_config({})
+    assert (config.max_sessions, config.port, config.web_interface) == (256, 7860, True)
+    assert not config.ws_compression
+    assert config.ws_hard_limit_bytes == 4 * config.max_message_bytes
+
+
+def test_values_from_the_environment(config_module: ModuleType) -> None:
+    config = config_module.load_config(
+        {
+            "WORDLE_MAX_SESSIONS": "8",
+            "WORDLE_IDLE_TIMEOUT_S": "2.5",
+            "WORDLE_MAX_MESSAGE_BYTES": "4096",
+            "PORT": "8001",
+            "ENABLE_WEB_INTERFACE": "no",
+            "WORDLE_WS_COMPRESSION": "on",
+            "WORDLE_LOG_LEVEL": "WARNING",
+        }
+    )
+    assert config.ws_compression
+    assert (config.max_sessions, config.idle_timeout_s, config.max_message_bytes) == (8, 2.5, 4096)
+    assert (config.port, config.web_interface, config.log_level) == (8001, False, "warning")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("WORDLE_MAX_SESSIONS", "many"),
+        ("WORDLE_MAX_SESSIONS", "0"),
+        ("WORDLE_IDLE_TIMEOUT_S", "-1"),
+        ("WORDLE_MAX_MESSAGE_BYTES", "12"),
+        ("PORT", "70000"),
+        ("ENABLE_WEB_INTERFACE", "maybe"),
+        ("WORDLE_LOG_LEVEL", "loud"),
+    ],
+)
+def test_bad_values_name_the_variable(config_module: ModuleType, name: str, value: str) -> None:
+    with pytest.raises(config_module.ConfigError, match=name) as info:
+        config_module.load_config({name: value})
+    assert "found" in str(info.value)

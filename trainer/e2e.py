@@ -1,0 +1,231 @@
+"""``make e2e``: the whole system on one machine, with faults, and a report.
+
+Trainer (TRL AsyncGRPO, tiny model) + the Wordle Space + TWO vLLM replicas + the dashboard, on a
+file bucket, for enough steps to cross several anchors:
+
+- replica ``local-0`` serves the trainer's rollouts from the start;
+- replica ``local-1`` starts late (after ``late_at`` steps), catches up from an anchor, is killed
+  with SIGKILL once it has applied a version (a crash: no clean shutdown), and is restarted two
+  steps later, after which it re-anchors and follows again;
+- one delta (of a version that also carries an anchor) is corrupted in the bucket after upload and
+  before its manifest commit: every replica refuses it (file digest mismatch), reports the error,
+  and recovers from that version's anchor.
+
+At the end both replicas hold the final version, which is bit for bit the trainer's final bf16
+weights (the bucket's model digest equals the trainer's; each replica verified every tensor's
+digest before applying). The report gives steps, versions, bytes per step, density, paused
+windows, publish-to-applied lag per replica (p50/p95) and the staleness distribution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import statistics
+import time
+
+import httpx
+from transformers import TrainerCallback
+
+from deltasync.manifest import MANIFEST_PATH, Manifest
+from deltasync.status import read_heartbeats
+
+from . import local_stack
+from .config import TrainConfig
+from .train import RunContext, run
+
+log = logging.getLogger("trainer.e2e")
+LATE = "local-1"
+
+
+class Faults(TrainerCallback):
+    """Starts the late replica, kills it, restarts it, at step boundaries."""
+
+    def __init__(self, ctx: RunContext, late_at: int, kill_at: int):
+        self.ctx = ctx
+        self.late_at = late_at
+        self.kill_at = kill_at
+        self.replica: local_stack.Child | None = None
+        self.events: list[dict] = []
+        self.killed_step: int | None = None
+
+    def _event(self, what: str, step: int, **kw) -> None:
+        self.events.append({"event": what, "step": step, "time": time.time(), **kw})
+        log.info("e2e fault: %s at step %d %s", what, step, kw or "")
+
+    def _start(self, step: int) -> None:
+        self.replica = local_stack.start_replica(
+            self.ctx.store_uri, self.ctx.model_path, self.ctx.logs_dir, replica_id=LATE
+        )
+        self.ctx.children.append(self.replica)
+        self._event("start late replica" if self.killed_step is None else "restart", step)
+
+    def _held(self) -> int | None:
+        try:
+            return local_stack.held_version(self.replica.url)
+        except httpx.HTTPError:
+            return None  # not up yet
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if self.replica is None and step >= self.late_at:
+            self._start(step)
+        elif self.killed_step is None and step >= self.kill_at and self._held() is not None:
+            held = self._held()
+            os.killpg(self.replica.proc.pid, signal.SIGKILL)  # a crash: no clean shutdown
+            self.replica.proc.wait()
+            self.killed_step = step
+            self._event("kill (SIGKILL)", step, held_version=held)
+        elif self.killed_step is not None and step == self.killed_step + 2:
+            self._start(step)
+
+
+def corrupt_one_delta(ctx: RunContext, from_version: int, record: dict) -> None:
+    """Flip a byte of the delta of the first version >= ``from_version`` that also carries an
+    anchor, after its upload and before its manifest commit (a damaged object in the bucket)."""
+    pub = ctx.publisher
+    commit = pub._commit_manifest
+
+    def corrupting_commit(entry):
+        if (
+            "version" not in record
+            and entry.version >= from_version
+            and entry.delta
+            and entry.anchor
+        ):
+            path = entry.delta.files[0].path
+            data = bytearray(ctx.store.read_bytes(path))
+            data[len(data) // 2] ^= 0xFF
+            ctx.store.write_bytes(path, bytes(data))
+            record.update(version=entry.version, path=path)
+            log.info(
+                "e2e fault: corrupted %s (v%d) before its manifest commit", path, entry.version
+            )
+        return commit(entry)
+
+    pub._commit_manifest = corrupting_commit
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 4)
+
+
+def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: int = 5,
+            runs_root: str = "runs", run_id: str = "e2e", timeout_s: float = 600) -> dict:  # fmt: skip
+    """Run the scenario; returns the report (also written to ``<run_dir>/e2e.json``).
+
+    Raises:
+        AssertionError: an end condition does not hold (replicas not on the final version, digest
+            mismatch, a fault that did not happen).
+    """
+    cfg = TrainConfig(
+        run_id=run_id, runs_root=runs_root, max_steps=steps, anchor_every=anchor_every,
+        num_generations=4, per_device_train_batch_size=4, max_completion_length=24,
+        dashboard=True, dashboard_port=local_stack.free_port(), max_staleness=3,
+    )  # fmt: skip
+    faults: dict = {}
+    corrupted: dict = {}
+
+    def make_faults(ctx):
+        faults["cb"] = Faults(ctx, late_at, kill_at)
+        return faults["cb"]
+
+    def before_stop(ctx: RunContext, summary: dict) -> None:
+        final = summary["final_version"]
+        cb: Faults = faults["cb"]
+        deadline = time.monotonic() + timeout_s
+        if cb.killed_step is None or cb.replica is None:
+            raise AssertionError(f"the late replica was not killed and restarted: {cb.events}")
+        while time.monotonic() < deadline and cb._held() != final:
+            time.sleep(1)
+        dash = httpx.get(f"http://127.0.0.1:{cfg.dashboard_port}/", timeout=10).status_code
+        summary["e2e"] = {"faults": cb.events, "corrupted": corrupted, "dashboard_http": dash}
+
+    summary = run(
+        cfg,
+        callbacks=[make_faults],
+        publisher_hook=lambda ctx: corrupt_one_delta(ctx, anchor_every, corrupted),
+        before_stop=before_stop,
+    )
+    report = _report(cfg, summary)
+    with open(os.path.join(cfg.run_dir, "e2e.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    return report
+
+
+def _report(cfg: TrainConfig, summary: dict) -> dict:
+    from deltasync.store import Store
+
+    store = Store(cfg.store_uri())
+    manifest = Manifest.from_json(store.read_bytes(MANIFEST_PATH))
+    beats = read_heartbeats(store)
+    deltas = [v for v in manifest.versions if v.delta is not None]
+    replicas = {}
+    for rid, hb in sorted(beats.items()):
+        recs = hb.recent
+        replicas[rid] = {
+            "held_version": hb.held_version,
+            "errors": hb.errors,
+            "last_error": (hb.last_error or "")[:160],
+            "syncs": len(recs),
+            "lag_s_p50": _pct([r.lag_s for r in recs], 0.5),
+            "lag_s_p95": _pct([r.lag_s for r in recs], 0.95),
+            "paused_s_p50": _pct([r.paused_s for r in recs], 0.5),
+            "paused_s_max": _pct([r.paused_s for r in recs], 1.0),
+            "apply_s_p50": _pct([r.apply_s for r in recs], 0.5),
+            "kinds": sorted({r.kind for r in recs}),
+        }
+    final = manifest.latest.version
+    report = {
+        "steps": summary["steps"],
+        "versions": [v.version for v in manifest.versions],
+        "anchors": summary["anchors"],
+        "final_version": final,
+        "bucket_digest_equals_trainer": manifest.latest.digest == summary["trainer_model_digest"],
+        "delta_bytes_per_step_mean": round(statistics.fmean([v.delta.bytes for v in deltas]), 1),
+        "density_mean": round(statistics.fmean([v.density for v in deltas]), 6),
+        "bytes_per_changed_mean": summary["bytes_per_changed_mean"],
+        "replicas": replicas,
+        "staleness": summary["staleness"],
+        "wall_s": summary["wall_s"],
+        **summary["e2e"],
+    }
+    problems = []
+    if not report["bucket_digest_equals_trainer"]:
+        problems.append("the bucket's final version differs from the trainer's weights")
+    for rid, r in replicas.items():
+        if r["held_version"] != final:
+            problems.append(f"replica {rid} holds v{r['held_version']}, not the final v{final}")
+    if not report["corrupted"]:
+        problems.append("no delta was corrupted (no anchor+delta version after the threshold)")
+    elif not any(r["errors"] for r in replicas.values()):
+        problems.append("no replica reported the corrupted delta")
+    if problems:
+        raise AssertionError("; ".join(problems) + f"\nreport: {json.dumps(report, indent=1)}")
+    return report
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m trainer.e2e", description=__doc__)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--anchor-every", type=int, default=4)
+    p.add_argument("--late-at", type=int, default=2)
+    p.add_argument("--kill-at", type=int, default=5)
+    p.add_argument("--runs-root", default="runs")
+    p.add_argument("--run-id", default="e2e")
+    a = p.parse_args()
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    report = run_e2e(a.steps, a.anchor_every, a.late_at, a.kill_at, a.runs_root, a.run_id)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
