@@ -13,7 +13,7 @@ ARCH := $(shell uname -m)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1 || echo 0)
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast lint format bench train dashboard clean
+.PHONY: setup test test-fast lint format bench train e2e dashboard spaces clean
 
 setup: $(STAMP)
 
@@ -53,6 +53,10 @@ bench: setup
 train: setup
 	BUCKET="$(BUCKET)" MODEL="$(MODEL)" VLLM_URL="$(VLLM_URL)" ENV_URL="$(ENV_URL)" \
 	  RUN_ID="$(RUN_ID)" STEPS="$(STEPS)" $(PY) -m trainer $(TRAIN_ARGS)
+
+# make e2e: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/e2e.py)
+e2e: setup
+	$(PY) -m trainer.e2e $(E2E_ARGS)
 
 # make dashboard [BUCKET=user/run | a folder | hf://... ]   the sync-lag dashboard (Gradio)
 DASHBOARD_PORT ?= 7860
