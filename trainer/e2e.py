@@ -211,6 +211,7 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
         "bytes_per_changed_mean": summary["bytes_per_changed_mean"],
         "replicas": replicas,
         "staleness": summary["staleness"],
+        "staleness_dropped": summary["staleness_dropped"],
         "wall_s": summary["wall_s"],
         **summary["e2e"],
     }

@@ -5,7 +5,8 @@ pull-based replicas the server may still serve an older version after a publish,
 overstates freshness. :class:`ReplicaVersionTagger` wraps TRL's worker and, instead, stamps the
 version the replica reports (``GET /health`` -> ``held_version``), translated to TRL's numbering;
 TRL's ``max_staleness`` then drops rollouts by their true age. It also keeps the staleness
-histogram of every rollout the trainer consumed.
+histogram of every rollout the trainer took from the queue; those above ``max_staleness`` are the
+ones TRL dropped.
 """
 
 from __future__ import annotations

@@ -251,6 +251,9 @@ def _summary(cfg, store, publisher, tagger, replica_version_fn, t_start) -> dict
         "replica_version": rv,
         "replicas": hb,
         "staleness": dict(sorted(tagger.staleness.items())) if tagger else {},
+        "staleness_dropped": sum(n for s, n in tagger.staleness.items() if s > cfg.max_staleness)
+        if tagger
+        else 0,
     }
 
 
