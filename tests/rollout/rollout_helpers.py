@@ -8,6 +8,7 @@ import shutil
 
 import httpx
 import numpy as np
+
 from deltasync.bf16 import from_bf16_bits, to_bf16_bits
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.tiny_model import checkpoint_tensors

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from rollout.apply import StageFileError, check_fused_complete, read_stage
 from rollout.config import ConfigError, RolloutConfig
 from rollout.plan import (

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
 from deltasync.errors import (
     BaseVersionMismatch,
     DeltaCorruptError,
