@@ -23,16 +23,17 @@ CHUNK = 1 << 20  # elements per diff_rank_chunk call: bounds the scratch buffers
 
 
 @nb.njit(cache=True, nogil=True)
-def diff_rank_chunk(base, new, start, stop, counts4, out_idx, out_cls, out_rank, out_old, out_new):
+def diff_rank_chunk(
+    base, new, start, stop, counts4, out_idx, out_cls, out_rank, out_old, out_new, m
+):
     """One pass over ``base[start:stop]`` vs ``new[start:stop]`` (uint16 bf16 bits).
 
-    Writes, for each position where the bits differ (ascending), its flat index, the exponent
-    class of the base value, its rank among the elements of that class seen so far, and the old
-    and new bits. ``counts4`` (int64[4, 256]) holds per-class counts split over four interleaved
-    counters (which breaks the store-to-load chain on runs of one class); it is carried across
-    chunks. The out arrays need ``stop - start`` slots. Returns the number of changes written.
+    Appends, from slot ``m`` on, for each position where the bits differ (ascending), its flat
+    index, the exponent class of the base value, its rank among the elements of that class seen so
+    far, and the old and new bits. ``counts4`` (int64[4, 256]) holds per-class counts split over
+    four interleaved counters (which breaks the store-to-load chain on runs of one class); it is
+    carried across chunks. The out arrays need ``m + stop - start`` slots. Returns the new ``m``.
     """
-    m = 0
     for i in range(start, stop):
         b = base[i]
         c = (b >> 7) & 0xFF
@@ -58,22 +59,21 @@ def diff_rank(base: np.ndarray, new: np.ndarray):
     """
     n = base.shape[0]
     counts4 = np.zeros((4, N_CLASSES), np.int64)
-    size = min(n, CHUNK)
-    bufs = (
-        np.empty(size, np.int64), np.empty(size, np.uint8), np.empty(size, np.int64),
-        np.empty(size, np.uint16), np.empty(size, np.uint16),
-    )  # fmt: skip
-    parts = []
+    dtypes = (np.int64, np.uint8, np.int64, np.uint16, np.uint16)
+    cap = min(n, max(CHUNK, n >> 5))  # room for 3% density before the first growth
+    outs = [np.empty(cap, dt) for dt in dtypes]
+    m = 0
     for start in range(0, n, CHUNK):
-        m = diff_rank_chunk(base, new, start, min(n, start + CHUNK), counts4, *bufs)
-        if m:
-            parts.append(tuple(b[:m].copy() for b in bufs))
-    counts = counts4.sum(axis=0)
-    if not parts:
-        empty = (np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64))
-        return (*empty, counts, np.zeros(0, np.uint16), np.zeros(0, np.uint16))
-    idx, cls, rank, old, newb = (np.concatenate(col) for col in zip(*parts, strict=True))
-    return idx, cls, rank, counts, old, newb
+        stop = min(n, start + CHUNK)
+        if cap - m < stop - start:  # grow (amortised doubling), never beyond n
+            cap = min(n, max(2 * cap, m + stop - start))
+            grown = [np.empty(cap, dt) for dt in dtypes]
+            for g, o in zip(grown, outs, strict=True):
+                g[:m] = o[:m]
+            outs = grown
+        m = diff_rank_chunk(base, new, start, stop, counts4, *outs, m)
+    idx, cls, rank, old, newb = (o[:m] for o in outs)
+    return idx, cls, rank, counts4.sum(axis=0), old, newb
 
 
 @nb.njit(cache=True, nogil=True)
