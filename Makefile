@@ -64,5 +64,11 @@ dashboard: BUCKET ?= $(CURDIR)/runs/wordle-local/bucket
 dashboard: setup
 	$(PY) -m deltasync.dashboard --bucket "$(BUCKET)" --port $(DASHBOARD_PORT)
 
+# make spaces [BUCKET=name|user/name] [MODEL=...] [DRY_RUN=1] [SPACES_ARGS="--rollout-hardware a10g-small"]
+# Needs HF_TOKEN (write access): creates the bucket and the rollout, Wordle and dashboard Spaces.
+spaces: setup
+	$(PY) -m deltasync.deploy $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(MODEL),--model "$(MODEL)") \
+	  $(if $(DRY_RUN),--dry-run) $(SPACES_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache runs bench/results

@@ -1,0 +1,114 @@
+"""Fixtures of the deploy tests: a recording fake of huggingface_hub's HfApi and a fake clock.
+
+No test here touches the network: the deployer gets the fake injected, and its waits run on the
+fake clock.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from deltasync.deploy import DeployConfig, Deployer
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOKEN = "hf_TESTTOKEN_never_printed_0123456789"
+CONTROL = "control-token-never-printed-42"
+
+
+class FakeClock:
+    """monotonic() and sleep() that advance only when slept."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+class FakeHfApi:
+    """Records every call as (method, kwargs); ``upload_folder`` also records the uploaded files
+    (relative paths) and their text for README.md / Dockerfile. ``stages`` scripts what
+    ``get_space_runtime`` returns per repo id (the last stage repeats)."""
+
+    def __init__(self, owner: str = "alice", stages: dict[str, list[str]] | None = None):
+        self.owner = owner
+        self.calls: list[tuple[str, dict]] = []
+        self.uploads: dict[str, dict[str, str | None]] = {}  # repo_id -> {path: text or None}
+        self.stages = stages or {}
+        self._seen: dict[str, int] = {}
+
+    def whoami(self, token=None):
+        self.calls.append(("whoami", {}))
+        return {"name": self.owner, "type": "user"}
+
+    def _record(name):
+        def method(self, *args, **kwargs):
+            assert not args, f"{name} must be called with keyword arguments, got {args}"
+            self.calls.append((name, kwargs))
+            return SimpleNamespace(**kwargs)
+
+        return method
+
+    create_bucket = _record("create_bucket")
+    create_repo = _record("create_repo")
+    duplicate_repo = _record("duplicate_repo")
+    add_space_secret = _record("add_space_secret")
+    add_space_variable = _record("add_space_variable")
+    request_space_hardware = _record("request_space_hardware")
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs))
+        root = kwargs["folder_path"]
+        files: dict[str, str | None] = {}
+        for d, _, names in os.walk(root):
+            for n in names:
+                rel = os.path.relpath(os.path.join(d, n), root).replace(os.sep, "/")
+                text = None
+                if rel in ("README.md", "Dockerfile"):
+                    with open(os.path.join(d, n), encoding="utf-8") as f:
+                        text = f.read()
+                files[rel] = text
+        self.uploads[kwargs["repo_id"]] = files
+        return SimpleNamespace(commit_url="https://huggingface.co/fake/commit")
+
+    def get_space_runtime(self, repo_id, *, token=None):
+        self.calls.append(("get_space_runtime", {"repo_id": repo_id}))
+        script = self.stages.get(repo_id, ["BUILDING", "APP_STARTING", "RUNNING"])
+        i = self._seen.get(repo_id, 0)
+        self._seen[repo_id] = i + 1
+        stage = script[min(i, len(script) - 1)]
+        raw = {"stage": stage}
+        if stage.endswith("ERROR"):
+            raw["errorMessage"] = f"fake {stage.lower()} message"
+        return SimpleNamespace(stage=stage, hardware=None, raw=raw)
+
+    def names(self) -> list[str]:
+        return [n for n, _ in self.calls if n != "get_space_runtime"]
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def make_deployer(tmp_path, clock):
+    """make_deployer(api=None, out=None, **config) -> a Deployer on the fake clock that uploads
+    from this checkout and keeps a generated CONTROL_TOKEN file under tmp_path."""
+
+    def make(api=None, out=None, **kw):
+        kw.setdefault("token", TOKEN)
+        kw.setdefault("control_token", CONTROL)
+        kw.setdefault("repo_root", REPO_ROOT)
+        kw.setdefault("check_every_s", 5.0)
+        kw.setdefault("state_dir", str(tmp_path / "state"))
+        cfg = DeployConfig(**kw)
+        return Deployer(cfg, api=api, out=out, sleep=clock.sleep, clock=clock.monotonic)
+
+    return make
