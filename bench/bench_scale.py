@@ -129,7 +129,7 @@ def warm_up_codec() -> None:
     new = {n: a.copy() for n, a in base.items()}
     Stepper(new, 0.01, seed=1).step(new)
     for name, bits in base.items():
-        codec.decode(codec.encode(codec.diff(bits, new[name]), 3), bits)
+        codec.decode(codec.encode(codec.diff(bits, new[name]), bits, 3), bits)
 
 
 def replica_main(rid: int, uri: str, poll_s: float, final, stop, ready_q, result_q, deadline):

@@ -39,16 +39,10 @@ class TensorChange:
 
     Attributes:
         idx: int64 flat positions, ascending.
-        cls: uint8 exponent class of the base value at idx.
-        rank: int64 rank of each element within its class.
-        counts: int64[256] elements per class in the base.
         old_bits, new_bits: uint16 bf16 bits before and after.
     """
 
     idx: np.ndarray
-    cls: np.ndarray
-    rank: np.ndarray
-    counts: np.ndarray
     old_bits: np.ndarray
     new_bits: np.ndarray
 
@@ -60,8 +54,8 @@ class TensorChange:
 def diff(base_bits: np.ndarray, new_bits: np.ndarray) -> TensorChange:
     """Find where two bf16 bit arrays (np.uint16, same shape) differ, bit for bit.
 
-    One fused pass (numba) that also ranks each change within its base exponent class, so the
-    encoder never needs the base again. Neither input is modified.
+    One read of each input (numba, releases the GIL); this is all a trainer waits for. Neither
+    input is modified.
 
     Raises:
         ValueError: if dtypes or shapes differ.
@@ -72,8 +66,13 @@ def diff(base_bits: np.ndarray, new_bits: np.ndarray) -> TensorChange:
         raise ValueError(f"expected np.uint16 bf16 bits, found {base_bits.dtype}/{new_bits.dtype}")
     b = np.ascontiguousarray(base_bits).reshape(-1)
     x = np.ascontiguousarray(new_bits).reshape(-1)
-    idx, cls, rank, counts, old, new = kernels.diff_rank(b, x)
-    return TensorChange(idx, cls, rank, counts, old, new)
+    return TensorChange(*kernels.diff(b, x))
+
+
+def exponent_classes(bits: np.ndarray) -> np.ndarray:
+    """The exponent class of every element, ``(bits >> 7) & 0xFF``, as flat uint8[n]."""
+    flat = np.ascontiguousarray(bits).reshape(-1)
+    return ((flat >> 7) & 0xFF).astype(np.uint8)
 
 
 def _choose_k(gaps: np.ndarray) -> int:
@@ -86,17 +85,31 @@ def _choose_k(gaps: np.ndarray) -> int:
     return min(ks, key=lambda k: kernels.rice_cost(gaps, k))
 
 
-def encode(change: TensorChange, zstd_level: int = 3) -> bytes:
-    """Encode a :class:`TensorChange` as a blob (layout in docs/PROTOCOL.md). Deterministic."""
-    starts, ranks_all, z = kernels.group_by_class(
-        change.cls, change.rank, change.old_bits, change.new_bits
-    )
+def encode(change: TensorChange, base: np.ndarray, zstd_level: int = 3) -> bytes:
+    """Encode a :class:`TensorChange` as a blob (layout in docs/PROTOCOL.md). Deterministic.
+
+    Args:
+        change: from :func:`diff`.
+        base: the base the receiver holds, as its bf16 bits (np.uint16, any shape) or its
+            :func:`exponent_classes` (np.uint8[n], which a publisher can keep up to date for the
+            price of one byte per element instead of re-deriving it).
+        zstd_level: zstandard level of the value stream.
+
+    Raises:
+        ValueError: ``base`` is neither uint16 bits nor uint8 classes.
+    """
+    if base.dtype == np.uint16:
+        base = exponent_classes(base)
+    elif base.dtype != np.uint8:
+        raise ValueError(f"expected base bits (uint16) or classes (uint8), found {base.dtype}")
+    cls, rank, counts = kernels.rank_changes(np.ascontiguousarray(base).reshape(-1), change.idx)
+    starts, ranks_all, z = kernels.group_by_class(cls, rank, change.old_bits, change.new_bits)
     classes = np.flatnonzero(np.diff(starts))
     table = np.zeros(len(classes), _TABLE)
     gap_parts, k_parts = [], []
     for row, c in enumerate(classes):
         ranks = ranks_all[starts[c] : starts[c + 1]]
-        m, n_cls = len(ranks), int(change.counts[c])
+        m, n_cls = len(ranks), int(counts[c])
         if 2 * m > n_cls:
             keep = np.ones(n_cls, bool)
             keep[ranks] = False

@@ -1,5 +1,5 @@
-"""Numba kernels of the delta codec: the fused diff/rank pass, the Rice bit coder, and the
-decoder's locate pass. All work on flat ``np.uint16`` bf16 bit arrays, one tensor at a time.
+"""Numba kernels of the delta codec: the diff pass, the class-rank pass, the Rice bit coder, and
+the decoder's locate pass. All work on flat ``np.uint16`` bf16 bit arrays, one tensor at a time.
 
 The exponent class of an element is the 8-bit biased exponent of its BASE value,
 ``(bits >> 7) & 0xFF``; the receiver knows it because it holds the base. See docs/PROTOCOL.md.
@@ -23,43 +23,26 @@ CHUNK = 1 << 20  # elements per diff_rank_chunk call: bounds the scratch buffers
 
 
 @nb.njit(cache=True, nogil=True)
-def diff_rank_chunk(
-    base, new, start, stop, counts4, out_idx, out_cls, out_rank, out_old, out_new, m
-):
-    """One pass over ``base[start:stop]`` vs ``new[start:stop]`` (uint16 bf16 bits).
-
-    Appends, from slot ``m`` on, for each position where the bits differ (ascending), its flat
-    index, the exponent class of the base value, its rank among the elements of that class seen so
-    far, and the old and new bits. ``counts4`` (int64[4, 256]) holds per-class counts split over
-    four interleaved counters (which breaks the store-to-load chain on runs of one class); it is
-    carried across chunks. The out arrays need ``m + stop - start`` slots. Returns the new ``m``.
-    """
+def diff_chunk(base, new, start, stop, out_idx, out_old, out_new, m):
+    """Append, from slot ``m`` on, the flat index and the old and new bits of each position of
+    ``[start, stop)`` where base and new bits (uint16) differ. The out arrays need
+    ``m + stop - start`` slots. Returns the new ``m``."""
     for i in range(start, stop):
         b = base[i]
-        c = (b >> 7) & 0xFF
         x = new[i]
         if b != x:
             out_idx[m] = i
-            out_cls[m] = c
-            out_rank[m] = counts4[0, c] + counts4[1, c] + counts4[2, c] + counts4[3, c]
             out_old[m] = b
             out_new[m] = x
             m += 1
-        counts4[i & 3, c] += 1
     return m
 
 
-def diff_rank(base: np.ndarray, new: np.ndarray):
-    """Changes between base and new bits (flat, C-contiguous uint16[n] each).
-
-    Returns (idx int64[M], cls uint8[M], rank int64[M], counts int64[256], old uint16[M],
-    new uint16[M]): the flat positions where ``base != new`` (ascending), the exponent class of
-    the base value there, the rank of the element among the elements of its class (0-based, in
-    flat order), per-class totals, and the bits before and after.
-    """
+def diff(base: np.ndarray, new: np.ndarray):
+    """Changes between base and new bits (flat, C-contiguous uint16[n] each): (idx int64[M]
+    ascending, old uint16[M], new uint16[M]). One read of each input; nothing else."""
     n = base.shape[0]
-    counts4 = np.zeros((4, N_CLASSES), np.int64)
-    dtypes = (np.int64, np.uint8, np.int64, np.uint16, np.uint16)
+    dtypes = (np.int64, np.uint16, np.uint16)
     cap = min(n, max(CHUNK, n >> 5))  # room for 3% density before the first growth
     outs = [np.empty(cap, dt) for dt in dtypes]
     m = 0
@@ -71,9 +54,42 @@ def diff_rank(base: np.ndarray, new: np.ndarray):
             for g, o in zip(grown, outs, strict=True):
                 g[:m] = o[:m]
             outs = grown
-        m = diff_rank_chunk(base, new, start, stop, counts4, *outs, m)
-    idx, cls, rank, old, newb = (o[:m] for o in outs)
-    return idx, cls, rank, counts4.sum(axis=0), old, newb
+        m = diff_chunk(base, new, start, stop, *outs, m)
+    return tuple(o[:m] for o in outs)
+
+
+@nb.njit(cache=True, nogil=True)
+def rank_changes(classes, idx):
+    """Exponent class and in-class rank of each changed position.
+
+    Args:
+        classes: uint8[n] exponent class of every base element (``(bits >> 7) & 0xFF``).
+        idx: int64[M] changed flat positions, ascending.
+
+    Returns:
+        (cls uint8[M], rank int64[M], counts int64[256]): the class of each change, its rank
+        among the elements of its class (0-based, flat order), and per-class totals. Counting
+        goes through four interleaved counters, which breaks the store-to-load chain on runs of
+        one class.
+    """
+    n = classes.shape[0]
+    m = idx.shape[0]
+    counts4 = np.zeros((4, N_CLASSES), np.int64)
+    out_cls = np.empty(m, np.uint8)
+    out_rank = np.empty(m, np.int64)
+    prev = 0
+    for j in range(m):
+        i = idx[j]
+        for t in range(prev, i):
+            counts4[t & 3, classes[t]] += 1
+        c = classes[i]
+        out_cls[j] = c
+        out_rank[j] = counts4[0, c] + counts4[1, c] + counts4[2, c] + counts4[3, c]
+        counts4[i & 3, c] += 1
+        prev = i + 1
+    for t in range(prev, n):
+        counts4[t & 3, classes[t]] += 1
+    return out_cls, out_rank, counts4.sum(axis=0)
 
 
 @nb.njit(cache=True, nogil=True)

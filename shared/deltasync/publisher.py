@@ -1,8 +1,8 @@
 """Trainer side of the sync protocol: ``DeltaPublisher``.
 
 ``publish(named_tensors, step)`` diffs the model against the last PUBLISHED bf16 snapshot (exact for
-any optimizer and any number of optimizer steps between publishes) and returns; encoding, writing
-and uploading run on a background thread. If uploads fall behind, a version that has not started
+any optimizer and any number of optimizer steps between publishes) and returns; ranking the
+changes by exponent class, encoding, writing and uploading run on a background thread. If uploads fall behind, a version that has not started
 encoding is folded into the next one (coalesced) instead of queueing without bound. Payload files
 are uploaded before the manifest that names them; retention deletes files only after a manifest
 that no longer names them is committed. See docs/PROTOCOL.md.
@@ -128,6 +128,9 @@ class DeltaPublisher:
         latest = self.manifest.latest if self.manifest else None
         self._next_version = latest.version + 1 if latest else 0
         self._snapshot: dict[str, np.ndarray] | None = None
+        # exponent classes (uint8 per element) of the version the encoder last handled; only the
+        # background thread touches it, so the trainer's diff never computes ranks
+        self._classes: dict[str, np.ndarray] = {}
         self._snap_version: int | None = None
         self._digests: dict[str, str] = {}
         self._fingerprint: ModelFingerprint | None = None
@@ -337,11 +340,19 @@ class DeltaPublisher:
     def _commit(self, job: _Job) -> None:
         t0 = time.perf_counter()
         delta = anchor = None
-        if job.base_version is not None:
+        if job.base_version is None:  # anchor only: the classes of the next base are its own
+            self._classes = {n: codec.exponent_classes(a) for n, a in job.anchor.items()}
+        else:
             names = sorted(job.changes)
-            level = self.config.zstd_level
-            encoded = self._pool.map(lambda n: codec.encode(job.changes[n], level), names)
-            blobs = dict(zip(names, encoded, strict=True))
+            level, classes = self.config.zstd_level, self._classes
+
+            def encode(name):  # ranks come from the encoder's class map of the base version
+                ch = job.changes[name]
+                blob = codec.encode(ch, classes[name], level)
+                classes[name][ch.idx] = codec.exponent_classes(ch.new_bits)
+                return blob
+
+            blobs = dict(zip(names, self._pool.map(encode, names), strict=True))
             job.timings["encode_s"] = time.perf_counter() - t0
             delta = self._write_delta(job, blobs)
         t1 = time.perf_counter()

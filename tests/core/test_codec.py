@@ -20,7 +20,7 @@ SPECIALS = np.array(
 
 def roundtrip(base: np.ndarray, new: np.ndarray) -> bytes:
     change = codec.diff(base, new)
-    blob = codec.encode(change)
+    blob = codec.encode(change, base)
     idx, values = codec.decode(blob, base)
     out = base.copy().reshape(-1)
     out[idx] = values
@@ -124,7 +124,7 @@ GOLDEN_BODY = bytes.fromhex(
 
 
 def test_golden_blob_encodes_to_pinned_layout():
-    blob = codec.encode(codec.diff(GOLDEN_BASE, GOLDEN_NEW))
+    blob = codec.encode(codec.diff(GOLDEN_BASE, GOLDEN_NEW), GOLDEN_BASE)
     assert blob[:12] == GOLDEN_HEADER
     assert blob[12:13] == GOLDEN_RICE
     assert zstandard.ZstdDecompressor().decompress(blob[13:]) == GOLDEN_BODY
@@ -144,7 +144,7 @@ def _blob():
     new = base.copy()
     sel = rng.random(base.size) < 0.05
     new[sel] ^= np.uint16(1)
-    return base, codec.encode(codec.diff(base, new))
+    return base, codec.encode(codec.diff(base, new), base)
 
 
 @pytest.mark.parametrize("cut", [0, 5, 12, 13, 40, -1])

@@ -38,7 +38,7 @@ def test_delta_part_roundtrip(tmp_path):
     base = np.arange(100, dtype=np.uint16)
     new = base.copy()
     new[[3, 50]] += 1
-    blob = codec.encode(codec.diff(base, new))
+    blob = codec.encode(codec.diff(base, new), base)
     path = tmp_path / "d.safetensors"
     deltafile.write_delta_part(
         str(path), {"x": blob}, {"x": (10, 10)}, {"x": digest(new)}, {"x": 2}, 8, 7, "r", 0, 1
