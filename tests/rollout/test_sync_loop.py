@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from rollout_helpers import FakeEngine, Trainer, corrupt_payload
 
+from deltasync import codec
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import heartbeat_path
 from rollout.sync_loop import SyncLoop
@@ -134,6 +135,8 @@ def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
     tr2.bits = {n: a.copy() for n, a in tr.versions[2].items()}
     tr2.versions = dict(tr.versions)
     tr2.pub._snapshot["model.norm.weight"] = tr2.pub._snapshot["model.norm.weight"] ^ np.uint16(1)
+    # the encoder's class map follows the (diverged) base it encodes against
+    tr2.pub._classes = {n: codec.exponent_classes(a) for n, a in tr2.pub._snapshot.items()}
     v3 = tr2.publish(["model.norm.weight", "model.layers.0.mlp.up_proj.weight"])
     assert loop.poll_once() is None
     assert loop.served_version == 2 and "digest" in loop.last_error
