@@ -161,3 +161,45 @@ def test_failed_apply_stays_paused_until_full_reload(tiny_model_dir, bucket, tmp
     assert_exact(eng, loop, tr, v)
     assert eng.applies[-1][1] == sorted(tr.bits)  # every tensor reloaded
     tr.close()
+
+
+def test_truncated_delta_is_refused_and_replica_keeps_serving(tiny_model_dir, bucket, tmp_path):
+    tr = Trainer(tiny_model_dir, bucket, anchor_every=3)
+    eng, loop = make(tr, bucket, tmp_path)
+    tr.publish_many(1)
+    loop.poll_once()
+    tr.publish_many(1)  # v2, a delta only
+    m = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
+    path = m.entry(2).delta.files[0].path
+    data = loop.store.read_bytes(path)
+    loop.store.write_bytes(path, data[: len(data) // 2])  # an interrupted copy
+    pauses = eng.pauses
+    assert loop.poll_once() is None
+    assert eng.pauses == pauses and loop.status == "error"
+    assert "DeltaCorruptError" in loop.last_error and "bytes" in loop.last_error
+    assert_exact(eng, loop, tr, 1)
+    tr.publish(names=None)  # v3: anchor
+    rec = loop.poll_once()
+    assert rec.kind == "anchor" and rec.version == 3
+    assert_exact(eng, loop, tr, 3)
+    tr.close()
+
+
+def test_deleted_delta_is_replanned(tiny_model_dir, bucket, tmp_path):
+    """A payload file that vanished (e.g. retention ran between the manifest read and the fetch)
+    is reported; the replica keeps serving and follows once a path exists again."""
+    tr = Trainer(tiny_model_dir, bucket, anchor_every=3)
+    eng, loop = make(tr, bucket, tmp_path)
+    tr.publish_many(1)
+    loop.poll_once()
+    tr.publish_many(1)  # v2, a delta only
+    m = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
+    loop.store.rm([m.entry(2).delta.files[0].path])
+    assert loop.poll_once() is None
+    assert "StoreNotFoundError" in loop.last_error
+    assert_exact(eng, loop, tr, 1)
+    tr.publish(names=None)  # v3: anchor
+    rec = loop.poll_once()
+    assert rec.version == 3 and rec.kind == "anchor"
+    assert_exact(eng, loop, tr, 3)
+    tr.close()

@@ -268,7 +268,11 @@ class SyncLoop:
                 self._bad[self._bad_key(step)] = f"{type(e).__name__}: {e}"
                 self._report(e, f"refused {step.kind} v{step.version}")
                 break
-            except StoreNotFoundError as e:  # retention deleted it after we read the manifest
+            except StoreNotFoundError as e:
+                # retention deleted it after we read the manifest (the next manifest no longer
+                # names it), or it vanished while still named: either way avoid this payload
+                # from now on, so a path through a later anchor is taken
+                self._bad[self._bad_key(step)] = f"{type(e).__name__}: {e}"
                 self._report(e, "payload gone; re-planning next poll")
                 break
             except StoreError as e:
