@@ -139,15 +139,6 @@ def rice_cost(gaps, k):
 
 
 @nb.njit(cache=True, nogil=True)
-def class_counts(base):
-    """Per-class element totals (int64[256]) of base bits (uint16[n])."""
-    counts = np.zeros(N_CLASSES, np.int64)
-    for i in range(base.shape[0]):
-        counts[(base[i] >> 7) & 0xFF] += 1
-    return counts
-
-
-@nb.njit(cache=True, nogil=True)
 def _bit_length(g):
     n = 0
     while g > 0:
