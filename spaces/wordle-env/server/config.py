@@ -7,12 +7,17 @@
 | ``WORDLE_MAX_MESSAGE_BYTES``   | ``max_message_bytes`` | 65536     |
 | ``WORDLE_HOST``                | ``host``              | 0.0.0.0   |
 | ``PORT``                       | ``port``              | 7860      |
-| ``ENABLE_WEB_INTERFACE``       | ``web_interface``     | true      |
+| ``WORDLE_ENABLE_WEB``          | ``web_interface``     | false     |
+| ``WORDLE_ENABLE_MCP``          | ``mcp``               | false     |
+| ``WORDLE_MAX_UI_CONNECTIONS``  | ``max_ui_connections``| 8         |
 | ``WORDLE_WS_COMPRESSION``      | ``ws_compression``    | false     |
 | ``WORDLE_LOG_LEVEL``           | ``log_level``         | info      |
 
-``PORT`` is the name Hugging Face Spaces and most hosts use; ``ENABLE_WEB_INTERFACE`` is
-openenv-core's own switch for its Gradio UI at ``/web``.
+``PORT`` is the name Hugging Face Spaces and most hosts use. ``WORDLE_ENABLE_WEB`` turns on
+openenv-core's Gradio UI at ``/web`` (one game shared by every visitor, so it is off by
+default); openenv-core's own switch ``ENABLE_WEB_INTERFACE`` is read when
+``WORDLE_ENABLE_WEB`` is not set. ``WORDLE_ENABLE_MCP`` turns on openenv-core's MCP routes
+(``/mcp``), which Wordle does not use.
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ class WordleServerConfig:
             larger HTTP bodies get 413.
         host: interface to bind.
         port: TCP port to bind.
-        web_interface: serve openenv-core's Gradio playground at ``/web``.
+        web_interface: serve openenv-core's Gradio playground at ``/web`` (and its
+            WebSocket ``/ws/ui``); one game shared by every visitor.
+        mcp: serve openenv-core's MCP routes (``/mcp``, HTTP and WebSocket); off: 404.
+        max_ui_connections: concurrent ``/ws/ui`` connections of the web UI.
         ws_compression: offer permessage-deflate on WebSockets. Off by default: observations
             are a few KB and CPU, not bandwidth, is what limits a 2-vCPU Space.
         log_level: uvicorn log level.
@@ -56,7 +64,9 @@ class WordleServerConfig:
     max_message_bytes: int = 65536
     host: str = "0.0.0.0"
     port: int = 7860
-    web_interface: bool = True
+    web_interface: bool = False
+    mcp: bool = False
+    max_ui_connections: int = 8
     ws_compression: bool = False
     log_level: str = "info"
 
@@ -120,7 +130,15 @@ def load_config(env: Mapping[str, str] | None = None) -> WordleServerConfig:
         max_message_bytes=_int(env, "WORDLE_MAX_MESSAGE_BYTES", 65536, 256, 16 * 1024 * 1024),
         host=env.get("WORDLE_HOST", "0.0.0.0").strip() or "0.0.0.0",
         port=_int(env, "PORT", 7860, 1, 65535),
-        web_interface=_bool(env, "ENABLE_WEB_INTERFACE", True),
+        web_interface=_bool(
+            env,
+            "WORDLE_ENABLE_WEB"
+            if (env.get("WORDLE_ENABLE_WEB") or "").strip()
+            else "ENABLE_WEB_INTERFACE",
+            False,
+        ),
+        mcp=_bool(env, "WORDLE_ENABLE_MCP", False),
+        max_ui_connections=_int(env, "WORDLE_MAX_UI_CONNECTIONS", 8, 1, 10_000),
         ws_compression=_bool(env, "WORDLE_WS_COMPRESSION", False),
         log_level=log_level,
     )

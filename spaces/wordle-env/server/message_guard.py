@@ -1,4 +1,5 @@
-"""ASGI middleware in front of openenv-core's app: message size caps and idle expiry.
+"""ASGI middleware in front of openenv-core's app: message size caps, idle expiry, and the
+public surfaces that are off unless a deployment turns them on.
 
 openenv-core's ``/ws`` handler answers most bad input with an error frame and keeps the
 session, but a frame that is valid JSON yet not an object (``[]``, ``"x"``), a binary frame,
@@ -14,6 +15,15 @@ keep playing outside the cap. This middleware closes those gaps without replacin
   silent for ``idle_timeout_s`` gets ``SESSION_EXPIRED`` and the connection is closed (code
   1000), which also ends the session in openenv-core.
 - HTTP: request bodies over ``max_message_bytes`` get 413 before the app reads them.
+- MCP (``/mcp`` over HTTP and WebSocket): refused with 404 unless ``mcp_enabled``
+  (``WORDLE_ENABLE_MCP=1``). Wordle does not use MCP, and its sessions would take the slots
+  of the trainer's ``/ws`` sessions.
+- The web UI's WebSocket ``/ws/ui`` (only served with ``WORDLE_ENABLE_WEB=1``): at most
+  ``max_ui_connections`` at once (more are refused with 403), each closed after
+  ``idle_timeout_s`` without a frame from the client, frames over ``max_message_bytes`` refused.
+- A client that leaves while openenv-core is closing its session (the usual order for a
+  client that sends ``{"type": "close"}`` and hangs up) is logged as one INFO line, not as an
+  ERROR with a traceback.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
 INVALID_MESSAGE = "INVALID_MESSAGE"
 INVALID_JSON = "INVALID_JSON"
 SESSION_EXPIRED = "SESSION_EXPIRED"
+UI_PATHS = ("/ws/ui",)
 _EXAMPLE = '{"type": "step", "data": {"message": "[crane]"}}'
 # Deeper JSON is refused: openenv-core echoes invalid input in its validation errors and
 # pydantic cannot serialize that echo past a few hundred levels (the session would drop).
@@ -92,6 +103,17 @@ else:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(receive(), timeout=timeout_s)
 
 
+def _is_mcp(path: str) -> bool:
+    """Whether a (decoded) request path is one of openenv-core's MCP routes."""
+    stripped = "/" + path.strip("/")
+    return stripped == "/mcp" or stripped.startswith("/mcp/")
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "(unknown)"
+
+
 def error_frame(code: str, message: str) -> str:
     """An error frame as openenv-core writes them (its clients raise on ``type == "error"``)."""
     return json.dumps({"type": "error", "data": {"message": message, "code": code}})
@@ -105,8 +127,11 @@ class MessageGuard:
         max_message_bytes: largest WebSocket frame / HTTP body accepted, in bytes.
         idle_timeout_s: seconds a session may wait for the client's next frame.
         ws_paths: the WebSocket endpoints that hold a session each: openenv-core's ``/ws``
-            and ``/mcp`` (the latter is unused by Wordle but would otherwise hold a slot
-            without limits).
+            and ``/mcp`` (the latter only when ``mcp_enabled``).
+        mcp_enabled: serve openenv-core's MCP routes; False answers every ``/mcp`` request
+            404 (HTTP) or refuses the WebSocket handshake with 404.
+        max_ui_connections: concurrent ``/ws/ui`` connections allowed (the web UI's
+            WebSocket, only present with the web UI on); more are refused with 403.
     """
 
     def __init__(
@@ -116,19 +141,63 @@ class MessageGuard:
         max_message_bytes: int,
         idle_timeout_s: float,
         ws_paths: tuple[str, ...] = ("/ws", "/mcp"),
+        mcp_enabled: bool = False,
+        max_ui_connections: int = 8,
     ) -> None:
         self.app = app
         self.max_message_bytes = max_message_bytes
         self.idle_timeout_s = idle_timeout_s
         self.ws_paths = ws_paths
+        self.mcp_enabled = mcp_enabled
+        self.max_ui_connections = max_ui_connections
+        self.ui_connections = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        kind = scope["type"]
+        path = scope.get("path", "")
+        if kind in ("http", "websocket") and not self.mcp_enabled and _is_mcp(path):
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                404,
+                "MCP is off on this server (WORDLE_ENABLE_MCP=1 turns it on); play Wordle "
+                "through the WebSocket session at /ws",
+            )
+        elif kind == "http":
             await self._http(scope, receive, send)
-        elif scope["type"] == "websocket" and scope.get("path") in self.ws_paths:
+        elif kind == "websocket" and path in self.ws_paths:
             await self._websocket(scope, receive, send)
+        elif kind == "websocket" and path in UI_PATHS:
+            await self._ui_websocket(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, status: int, message: str
+    ) -> None:
+        """Answer ``status`` with ``{"detail": message}``; a WebSocket handshake is refused
+        with that HTTP status where the server supports it (uvicorn does), else with 403."""
+        body = json.dumps({"detail": message}).encode()
+        start = {
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", **start})
+            await send({"type": "http.response.body", "body": body})
+            return
+        first = await receive()  # websocket.connect (or a disconnect: nothing to answer)
+        if first["type"] != "websocket.connect":
+            return
+        if "websocket.http.response" in (scope.get("extensions") or {}):
+            await send({"type": "websocket.http.response.start", **start})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
 
     # -- HTTP --------------------------------------------------------------------------------
 
@@ -193,9 +262,16 @@ class MessageGuard:
             # openenv-core always sends a close when its session ends, even after the client
             # has gone (uvicorn then raises ClientDisconnected and logs a traceback) or after
             # the guard closed the connection. Nothing can go out then, so it is dropped.
-            if closed and message["type"] == "websocket.close":
+            if message["type"] != "websocket.close":
+                await send(message)
                 return
-            await send(message)
+            if closed:
+                return
+            try:
+                await send(message)
+            except OSError as exc:  # uvicorn's ClientDisconnected: the client hung up first
+                log.info("client %s left before the server closed its session (%s)",
+                         _client(scope), type(exc).__name__)  # fmt: skip
 
         async def guarded_receive() -> Message:
             nonlocal closed
@@ -216,6 +292,59 @@ class MessageGuard:
                 await send({"type": "websocket.send", "text": problem})
 
         await self.app(scope, guarded_receive, guarded_send)
+
+    async def _ui_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The web UI's ``/ws/ui``: capped in number, idle-expired, frames size-capped."""
+        if self.ui_connections >= self.max_ui_connections:
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                403,
+                f"the web UI already has {self.max_ui_connections} connections "
+                "(WORDLE_MAX_UI_CONNECTIONS); close another tab or try again later",
+            )
+            return
+        self.ui_connections += 1
+        closed = False
+
+        async def ui_receive() -> Message:
+            nonlocal closed
+            while True:
+                try:
+                    message = await _receive_within(receive, self.idle_timeout_s)
+                except asyncio.TimeoutError:
+                    closed = True
+                    try:
+                        await send({"type": "websocket.close", "code": 1000, "reason": "idle"})
+                    except OSError as exc:
+                        log.info("idle web UI client %s was already gone (%s)",
+                                 _client(scope), type(exc).__name__)  # fmt: skip
+                    return {"type": "websocket.disconnect", "code": 1000}
+                if message["type"] == "websocket.disconnect":
+                    closed = True
+                if message["type"] != "websocket.receive":
+                    return message
+                text, data = message.get("text"), message.get("bytes")
+                size = len(text.encode()) if text is not None else len(data or b"")
+                if size <= self.max_message_bytes:
+                    return message
+                # Too large for a UI keep-alive: dropped, the connection stays.
+
+        async def ui_send(message: Message) -> None:
+            if closed and message["type"] == "websocket.close":
+                return
+            try:
+                await send(message)
+            except OSError as exc:
+                if message["type"] != "websocket.close":
+                    raise
+                log.info("web UI client %s left first (%s)", _client(scope), type(exc).__name__)
+
+        try:
+            await self.app(scope, ui_receive, ui_send)
+        finally:
+            self.ui_connections -= 1
 
     async def _expire(self, send: Send, scope: Scope) -> None:
         text = error_frame(
@@ -252,6 +381,8 @@ class MessageGuard:
             return None  # openenv-core answers INVALID_JSON itself and keeps the session
         except RecursionError:
             problem = f"JSON nested more than {MAX_JSON_DEPTH} levels deep; send a flat message"
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits (int conversion)
+            problem = f"JSON holds a value Python cannot read ({exc}); send ordinary numbers"
         else:
             problem = json_problem(parsed)
         if problem is not None:

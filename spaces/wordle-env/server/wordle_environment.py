@@ -31,6 +31,15 @@ from deltasync.wordle.models import (
 _README = Path(__file__).resolve().parent.parent / "README.md"
 _MAX_EPISODE_ID_CHARS = 255
 _RESET_OPTIONS = ("seed", "episode_id", "target")
+MAX_SEED = 2**63 - 1  # seeds are 0 .. MAX_SEED (what a signed 64-bit integer holds)
+
+
+def _describe(value: object) -> str:
+    """A short description of a bad option value (never the whole of a huge one)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
 
 
 def _is_short_text(value: object) -> bool:
@@ -79,7 +88,8 @@ class WordleEnvironment(Environment[WordleAction, WordleObservation, WordleState
 
         Args:
             seed: picks the target deterministically (``wordlists.target_for_seed``), the same
-                in every session and process, so a GRPO group can share a word.
+                in every session and process, so a GRPO group can share a word; an integer
+                in ``[0, MAX_SEED]``.
             episode_id: id to report in ``state``; a UUID when None.
             target: play this word (must be an allowed guess); for tests. Not with ``seed``.
             **kwargs: refused; listed so that openenv-core forwards unknown options here and
@@ -89,7 +99,8 @@ class WordleEnvironment(Environment[WordleAction, WordleObservation, WordleState
             The first observation (``reward`` 0.0, ``done`` False).
 
         Raises:
-            WordleResetError: unknown option, wrong types, ``seed`` and ``target`` together,
+            WordleResetError: unknown option, wrong types, a seed out of range, ``seed`` and
+                ``target`` together,
                 an unknown target word, or a session the server already closed.
         """
         if kwargs:
@@ -101,9 +112,12 @@ class WordleEnvironment(Environment[WordleAction, WordleObservation, WordleState
                 "this session was closed by the server (idle expiry or shutdown); "
                 "open a new connection and reset there"
             )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
+        ):
             raise WordleResetError(
-                f"seed must be an integer or null, found {type(seed).__name__} {seed!r}"
+                f"seed must be an integer in [0, {MAX_SEED}] or null, found {_describe(seed)}; "
+                'send e.g. {"type": "reset", "data": {"seed": 7}}'
             )
         if episode_id is not None and not _is_short_text(episode_id):
             raise WordleResetError(
