@@ -33,8 +33,40 @@ class StoreError(DeltaSyncError):
 
 
 class StoreNotFoundError(StoreError):
-    """The object (or the bucket itself) does not exist."""
+    """The object does not exist (a local folder that does not exist counts as empty). On a
+    Hugging Face bucket, a missing *bucket* raises :class:`StoreBucketNotFoundError` instead."""
 
 
-class StoreAuthError(StoreError):
+class StoreAccessError(StoreError):
+    """The store cannot be used as configured and waiting will not help: the credentials were
+    refused or the bucket does not exist. Not retried; the message names the bucket and the fix.
+
+    Attributes:
+        summary: a short line without paths, URIs or server text, safe for public pages
+            (e.g. "bucket unreadable: token lacks access").
+    """
+
+    summary = "bucket unreadable"
+
+    def __init__(self, message: str, summary: str | None = None):
+        super().__init__(message)
+        if summary is not None:
+            self.summary = summary
+
+
+class StoreAuthError(StoreAccessError):
     """The store refused the credentials (HTTP 401/403). Not retried."""
+
+    summary = "bucket unreadable: token lacks access"
+
+
+class StoreBucketNotFoundError(StoreAccessError):
+    """The bucket itself does not exist, or the token cannot see it (the Hub answers 404 for a
+    private bucket the token has no access to). Not retried; never means "no version yet"."""
+
+    summary = "bucket not found: check the bucket name and the token"
+
+
+class StoreRateLimitError(StoreError):
+    """The store kept answering HTTP 429 (rate limited) after its retries, each of which waited
+    the ``Retry-After`` the server asked for."""

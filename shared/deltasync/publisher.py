@@ -6,6 +6,9 @@ changes by exponent class, encoding, writing and uploading run on a background t
 encoding is folded into the next one (coalesced) instead of queueing without bound. Payload files
 are uploaded before the manifest that names them; retention deletes files only after a manifest
 that no longer names them is committed. See docs/PROTOCOL.md.
+
+Per version at most two ``Store.write_many`` batches (2 API requests each on ``hf://``): the payload
+parts plus the retention deletes already due, then ``manifest.json`` plus the lease when due.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -143,6 +147,9 @@ class DeltaPublisher:
         self._error: BaseException | None = None
         self._closed = False
         self._lease_at = time.time()
+        # payload files dropped by a committed manifest, deleted with the next payload batch
+        # (or on close); a crash leaves them as orphans, which the next writer removes
+        self._pending_deletes: list[str] = []
         self._pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-encode")
         self._diff_pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-diff")
         self._thread = threading.Thread(target=self._run, name="deltasync-publisher", daemon=True)
@@ -339,7 +346,7 @@ class DeltaPublisher:
 
     def _commit(self, job: _Job) -> None:
         t0 = time.perf_counter()
-        delta = anchor = None
+        blobs = None
         if job.base_version is None:  # anchor only: the classes of the next base are its own
             self._classes = {n: codec.exponent_classes(a) for n, a in job.anchor.items()}
         else:
@@ -354,10 +361,17 @@ class DeltaPublisher:
 
             blobs = dict(zip(names, self._pool.map(encode, names), strict=True))
             job.timings["encode_s"] = time.perf_counter() - t0
-            delta = self._write_delta(job, blobs)
         t1 = time.perf_counter()
-        if job.anchor is not None:
-            anchor = self._write_anchor(job)
+        tmps: list[str] = []
+        try:  # every payload file of the version staged, then uploaded in one batch
+            delta_paths = self._stage_delta(job, blobs, tmps) if blobs is not None else []
+            anchor_paths = self._stage_anchor(job, tmps) if job.anchor is not None else []
+            refs = self._upload(delta_paths + anchor_paths)
+        finally:
+            for t in tmps:
+                shutil.rmtree(t, ignore_errors=True)
+        delta = Payload(files=refs[: len(delta_paths)]) if blobs is not None else None
+        anchor = Payload(files=refs[len(delta_paths) :]) if anchor_paths else None
         job.timings["write_upload_s"] = time.perf_counter() - t1
         entry = VersionEntry(
             version=job.version,
@@ -390,17 +404,21 @@ class DeltaPublisher:
             job.timings.get("write_upload_s", 0),
         )  # fmt: skip
 
-    def _stage(self, rel: str) -> tuple[str, str | None]:
-        """Local path to write ``rel`` to, and a temp dir to clean (None when writing in place)."""
+    def _stage(self, rel: str, tmps: list[str]) -> str:
+        """Local path to write ``rel`` to: in place on a local store, else in a temp dir
+        (appended to ``tmps``, for the caller to remove)."""
         local = self.store.local_path(rel)
         if local is not None:
             os.makedirs(os.path.dirname(local), exist_ok=True)
-            return local, None
+            return local
         tmp = tempfile.mkdtemp(prefix="deltasync-")
-        return os.path.join(tmp, os.path.basename(rel)), tmp
+        tmps.append(tmp)
+        return os.path.join(tmp, os.path.basename(rel))
 
     def _upload(self, paths: list[tuple[str, str]]) -> list[FileRef]:
-        """(local, rel) pairs -> FileRefs; uploads in parallel unless the store is local."""
+        """(local, rel) pairs -> FileRefs (digests in parallel). Uploads the files that are not
+        already in place in ONE ``Store.write_many``, which also carries the pending retention
+        deletes (their manifest is committed), so a version's payload costs one batch."""
 
         def one(lr):
             local, rel = lr
@@ -409,55 +427,51 @@ class DeltaPublisher:
                 h = xxhash.xxh3_64()
                 for chunk in iter(lambda: f.read(1 << 24), b""):
                     h.update(chunk)
-            if self.store.local_path(rel) is None:
-                self.store.put_file(local, rel)
             return FileRef(path=rel, bytes=size, digest=h.hexdigest())
 
-        return list(self._pool.map(one, paths))
+        refs = list(self._pool.map(one, paths))
+        remote = [(rel, Path(local)) for local, rel in paths if self.store.local_path(rel) is None]
+        deletes = list(self._pending_deletes)
+        self.store.write_many(remote, delete=deletes)
+        del self._pending_deletes[: len(deletes)]  # kept on failure: orphans for the next writer
+        return refs
 
-    def _write_delta(self, job: _Job, blobs: dict[str, bytes]) -> Payload:
+    def _stage_delta(self, job: _Job, blobs: dict[str, bytes], tmps: list[str]):
+        """Write the delta parts locally; returns their (local, rel) pairs."""
         shapes = {n: self._snapshot_shape(n) for n in blobs}
         groups = deltafile.split_parts(
             [(n, len(b)) for n, b in blobs.items()], self.config.part_bytes
         )
-        paths, tmps = [], []
+        paths = []
         for i, names in enumerate(groups):
             rel = f"{delta_dir(job.version)}/{part_name(i)}"
-            local, tmp = self._stage(rel)
-            tmps.append(tmp)
+            local = self._stage(rel, tmps)
             deltafile.write_delta_part(
                 local, {n: blobs[n] for n in names}, shapes, job.digests,
                 {n: job.changes[n].n_changed for n in names}, job.version, job.base_version,
                 self.run_id, i, len(groups),
             )  # fmt: skip
             paths.append((local, rel))
-        try:
-            return Payload(files=self._upload(paths))
-        finally:
-            for t in tmps:
-                if t:
-                    shutil.rmtree(t, ignore_errors=True)
+        return paths
 
-    def _write_anchor(self, job: _Job) -> Payload:
+    def _stage_anchor(self, job: _Job, tmps: list[str]):
+        """Write the anchor parts locally (on a remote store the whole anchor is staged in temp
+        files before the one upload batch); returns their (local, rel) pairs."""
         names = sorted(job.anchor)
         groups = deltafile.split_parts(
             [(n, job.anchor[n].nbytes) for n in names], self.config.part_bytes
         )
-        files = []
+        paths = []
         for i, group in enumerate(groups):
             rel = f"{anchor_dir(job.version)}/{part_name(i)}"
-            local, tmp = self._stage(rel)
-            try:
-                deltafile.write_anchor_part(
-                    local, {n: job.anchor[n] for n in group}, job.digests, job.version,
-                    self.run_id, i, len(groups),
-                )  # fmt: skip
-                files += self._upload([(local, rel)])
-            finally:
-                if tmp:
-                    shutil.rmtree(tmp, ignore_errors=True)
+            local = self._stage(rel, tmps)
+            deltafile.write_anchor_part(
+                local, {n: job.anchor[n] for n in group}, job.digests, job.version,
+                self.run_id, i, len(groups),
+            )  # fmt: skip
+            paths.append((local, rel))
         job.anchor = None  # free the copy
-        return Payload(files=files)
+        return paths
 
     def _snapshot_shape(self, name: str) -> tuple[int, ...]:
         return self._fingerprint.shapes()[name] if self._fingerprint else ()
@@ -485,6 +499,7 @@ class DeltaPublisher:
                     f"{self.store.uri}: the manifest was changed by writer {current.writer_id!r} "
                     f"while this trainer ({self.writer_id}) was publishing; stop one of them"
                 )
+        self._check_lease()
         versions = list(current.versions) if current else []
         versions = [v for v in versions if v.version < entry.version] + [entry]
         kept = retained(versions, self.config.keep_anchors)
@@ -496,13 +511,18 @@ class DeltaPublisher:
             versions=kept,
             updated_at=time.time(),
         )
-        self.store.write_bytes(MANIFEST_PATH, manifest.to_json())
+        # one batch: the lease (when due) first, the manifest last (the commit point)
+        renew = time.time() - self._lease_at > self.config.lease_s / 3
+        items = [(WRITER_PATH, self._lease().model_dump_json().encode())] if renew else []
+        self.store.write_many(items + [(MANIFEST_PATH, manifest.to_json())])
+        if renew:
+            self._lease_at = time.time()
         self.manifest = manifest
-        self._refresh_lease()
-        # garbage-collect only after the manifest that drops them is committed
+        # garbage-collect only after the manifest that drops them is committed: with the next
+        # payload batch (no extra request), or on close
         for v in dropped:
             files = (v.delta.files if v.delta else []) + (v.anchor.files if v.anchor else [])
-            self.store.rm([f.path for f in files])
+            self._pending_deletes += [f.path for f in files]
         if dropped:
             log.info("retention: dropped versions %s", [v.version for v in dropped])
 
@@ -515,7 +535,8 @@ class DeltaPublisher:
             for payload in (v.delta, v.anchor):
                 if payload is not None:
                     named.update(f.path for f in payload.files)
-        orphans = [p for d in ("anchors", "deltas") for p in self.store.ls(d) if p not in named]
+        found = [p for p in self.store.ls("") if p.startswith(("anchors/", "deltas/"))]
+        orphans = [p for p in found if p not in named]  # one listing of the whole run
         if orphans:
             log.info("removing %d orphaned payload files, e.g. %s", len(orphans), orphans[:3])
             self.store.rm(orphans)
@@ -546,13 +567,18 @@ class DeltaPublisher:
                 )
         self.store.write_bytes(WRITER_PATH, self._lease().model_dump_json().encode())
 
-    def _refresh_lease(self) -> None:
+    def _check_lease(self) -> WriterLease:
+        """The lease in the store; raises ConcurrentWriterError if another writer holds it."""
         lease = WriterLease.model_validate_json(self.store.read_bytes(WRITER_PATH))
         if lease.writer_id != self.writer_id:
             raise ConcurrentWriterError(
                 f"{self.store.uri}: writer {lease.writer_id} on {lease.host} took this run over; "
                 f"this trainer ({self.writer_id}) stops publishing"
             )
+        return lease
+
+    def _refresh_lease(self) -> None:
+        self._check_lease()
         self.store.write_bytes(WRITER_PATH, self._lease().model_dump_json().encode())
         self._lease_at = time.time()
 
@@ -564,9 +590,13 @@ class DeltaPublisher:
                 self._error = e
 
     def _release_lease(self) -> None:
+        """Delete the lease (if still ours) and the pending retention deletes in one call."""
+        paths, self._pending_deletes = self._pending_deletes, []
         try:
             lease = WriterLease.model_validate_json(self.store.read_bytes(WRITER_PATH))
         except StoreNotFoundError:
-            return
-        if lease.writer_id == self.writer_id:
-            self.store.rm([WRITER_PATH])
+            lease = None
+        if lease is not None and lease.writer_id == self.writer_id:
+            paths = paths + [WRITER_PATH]
+        if paths:
+            self.store.rm(paths)

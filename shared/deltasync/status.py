@@ -90,14 +90,40 @@ class StepMetrics(_Strict):
     upload_s: float | None = None
     bytes: int | None = None
     density: float | None = None
+    stale_fraction: float | None = None  # discarded / generated samples so far (TRL's counters)
+    turns_mean: float | None = None  # assistant turns per episode (TRL's rollout/turns_mean)
+
+
+class EvalResult(_Strict):
+    """A fixed set of held-out Wordle games played through a replica (``trainer/evaluate.py``).
+
+    Rates are shares of guesses (``wellformed_rate``: assistant turns that are a parseable
+    ``guess`` call; ``valid_guess_rate``: calls the game accepted as a word) or of games
+    (``win_rate``); ``reward_mean`` / ``reward_se`` are the mean environment reward per game and
+    its standard error (sample std / sqrt(n)).
+    """
+
+    label: str  # "before" (the warm start, v0) or "after" (the final version)
+    step: int  # trainer step at which it was played
+    version: int | None = None  # bucket version the replica served
+    episodes: int
+    wellformed_rate: float
+    valid_guess_rate: float
+    reward_mean: float
+    reward_se: float
+    win_rate: float
+    guesses_mean: float
+    time: float = Field(default_factory=time.time)
 
 
 class TrainerMetrics(_Strict):
-    """``metrics/trainer.json``: the trainer's recent steps, rewritten after each step."""
+    """``metrics/trainer.json``: the trainer's recent steps, rewritten after each step, and the
+    evaluations played so far."""
 
     run_id: str
     updated_at: float = Field(default_factory=time.time)
     steps: list[StepMetrics] = Field(default_factory=list)
+    evals: list[EvalResult] = Field(default_factory=list)
 
 
 def write_heartbeat(store: Store, hb: ReplicaHeartbeat, keep_recent: int = 50) -> None:

@@ -132,24 +132,36 @@ class DeltaSubscriber:
     def __init__(self, store: Store | str, fetch_threads: int = 4):
         self.store = open_store(store)
         self._pool = ThreadPoolExecutor(fetch_threads, "deltasync-fetch")
+        self._manifest_tag: str | None = None  # read_if_changed tag of the last manifest read
+        self._manifest: Manifest | None = None
 
     def close(self) -> None:
         self._pool.shutdown()
 
     def read_manifest(self) -> Manifest | None:
-        """The current manifest, or None while the run has no version yet.
+        """The current manifest, or None while the run has no version yet (no manifest in an
+        existing bucket). An unchanged manifest is not downloaded or parsed again (a conditional
+        read: on hf:// one resolver request answered 304).
 
         Raises:
             ManifestError: the manifest exists but is not valid.
+            StoreAuthError, StoreBucketNotFoundError: the token or the bucket is wrong (never
+                "no version yet").
+            StoreError: the store kept failing.
         """
         try:
-            data = self.store.read_bytes(MANIFEST_PATH)
+            data, tag = self.store.read_if_changed(MANIFEST_PATH, self._manifest_tag)
         except StoreNotFoundError:
+            self._manifest_tag, self._manifest = None, None
             return None
+        if data is None:
+            return self._manifest
         try:
-            return Manifest.from_json(data)
+            manifest = Manifest.from_json(data)
         except ValueError as e:
             raise ManifestError(f"{self.store.uri}/{MANIFEST_PATH} is invalid: {e}") from e
+        self._manifest_tag, self._manifest = tag, manifest
+        return manifest
 
     def plan(self, held: int | None, manifest: Manifest, target: int | None = None) -> SyncPlan:
         """Cheapest path from ``held`` to ``target`` (default: the newest version).

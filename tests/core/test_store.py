@@ -104,3 +104,15 @@ def test_resolve_uri_shorthands(tmp_path, monkeypatch):
 def test_reader_does_not_create_folders(tmp_path):
     Store(str(tmp_path / "absent"), create=False)
     assert not (tmp_path / "absent").exists()
+
+
+def test_write_many_writes_bytes_and_files(store_uri, tmp_path):
+    from pathlib import Path
+
+    src = tmp_path / "part.bin"
+    src.write_bytes(b"abc" * 1000)
+    s = Store(store_uri)
+    s.write_many([("deltas/v1/part-0000.safetensors", Path(src)), ("manifest.json", b"{}")])
+    s.write_many([])
+    assert s.read_bytes("deltas/v1/part-0000.safetensors") == src.read_bytes()
+    assert s.read_bytes("manifest.json") == b"{}"

@@ -295,3 +295,33 @@ def test_importing_the_data_layer_is_light():
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def test_reward_curve_with_evaluations_and_stale_fraction():
+    from deltasync.dashboard.data import public_error
+    from deltasync.status import EvalResult, StepMetrics
+
+    uri = "memory://dash-test-evals"
+    store = Store(uri)
+    ev = dict(episodes=16, wellformed_rate=1.0, valid_guess_rate=0.9, win_rate=0.25,
+              guesses_mean=5.0)  # fmt: skip
+    metrics = TrainerMetrics(
+        run_id="r",
+        steps=[StepMetrics(step=s, reward=0.1 * s, stale_fraction=0.05 * s) for s in range(4)],
+        evals=[
+            EvalResult(label="before", step=0, reward_mean=0.2, reward_se=0.05, **ev),
+            EvalResult(label="after", step=3, reward_mean=0.6, reward_se=0.1, **ev),
+        ],
+    )
+    store.write_bytes("metrics/trainer.json", metrics.model_dump_json().encode())
+    snap = BucketReader(uri).read()
+    reward = snap.frame("reward")
+    train = reward[reward.series == "train"]
+    assert train.step.tolist() == [0, 1, 2, 3]
+    after = reward[reward.series == "eval after ±SE"].reward.tolist()
+    assert after == pytest.approx([0.5, 0.6, 0.7])  # mean - SE, mean, mean + SE
+    assert snap.frame("training").stale_fraction.tolist() == pytest.approx([0, 0.05, 0.1, 0.15])
+    assert snap.frame("evals").label.tolist() == ["before", "after"]
+    assert "eval **after**" in snap.markdown(public=True)
+    assert public_error("DeltaCorruptError: /tmp/x/deltas/v5 digest") == "refused a corrupt payload"
+    assert "/tmp" not in public_error("OSError: /tmp/secret")

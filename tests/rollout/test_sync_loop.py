@@ -203,3 +203,94 @@ def test_deleted_delta_is_replanned(tiny_model_dir, bucket, tmp_path):
     assert rec.version == 3 and rec.kind == "anchor"
     assert_exact(eng, loop, tr, 3)
     tr.close()
+
+
+def test_unreadable_bucket_is_loud_within_one_poll_and_retried_slowly(
+    tiny_model_dir, bucket, tmp_path, monkeypatch
+):
+    from deltasync.errors import StoreAuthError
+
+    tr = Trainer(tiny_model_dir, bucket)
+    tr.publish()
+    eng, loop = make(tr, bucket, tmp_path)
+    real = loop.subscriber.read_manifest
+
+    def refused():
+        raise StoreAuthError("read hf://buckets/me/run/manifest.json: HTTP 401 ... set HF_TOKEN")
+
+    monkeypatch.setattr(loop.subscriber, "read_manifest", refused)
+    assert loop.poll_once() is None  # reported, not raised
+    assert loop.status == "error" and "HF_TOKEN" in loop.last_error
+    assert loop.last_error.startswith("StoreAuthError")
+    assert loop.next_poll_delay_s() == loop.error_poll_interval_s > loop.poll_interval_s
+    hb = json.loads(open(f"{bucket}/{heartbeat_path('r0')}").read())
+    assert hb["status"] == "error" and "HF_TOKEN" in hb["last_error"]
+    monkeypatch.setattr(loop.subscriber, "read_manifest", real)  # the token was fixed
+    rec = loop.poll_once()
+    assert rec is not None and loop.status == "ok" and loop.served_version == 0
+    assert loop.next_poll_delay_s() == loop.poll_interval_s
+
+
+def test_polling_backs_off_while_nothing_changes(tiny_model_dir, bucket, tmp_path):
+    tr = Trainer(tiny_model_dir, bucket)
+    tr.publish()
+    shapes = {n: a.shape for n, a in tr.bits.items()}
+    loop = SyncLoop(
+        bucket, FakeEngine(shapes), "r0", poll_interval_s=0.5, max_poll_interval_s=4.0,
+        stage_dir=str(tmp_path / "stage"),
+    )  # fmt: skip
+    loop.connect()
+    loop.poll_once()
+    assert loop.served_version == 0 and loop.next_poll_delay_s() == 0.5
+    delays = []
+    for _ in range(5):
+        loop.poll_once()
+        delays.append(loop.next_poll_delay_s())
+    assert delays == sorted(delays) and delays[0] > 0.5 and delays[-1] == 4.0
+    tr.publish_many(1)
+    loop.poll_once()
+    assert loop.served_version == 1 and loop.next_poll_delay_s() == 0.5
+
+
+def test_heartbeats_on_remote_stores_are_rationed(tiny_model_dir, bucket, tmp_path, monkeypatch):
+    """Remote stores (each write is 2 Hub API requests): at most one heartbeat per 60 s while
+    nothing changes, one right after an applied version, never two within 30 s; local stores
+    keep their interval and write state changes at once."""
+    import rollout.sync_loop as sync_loop
+
+    pytest.importorskip("huggingface_hub")  # the hf:// store (no request is made)
+    tr = Trainer(tiny_model_dir, bucket)
+    shapes = {n: a.shape for n, a in tr.bits.items()}
+    remote = SyncLoop("hf://buckets/me/run", FakeEngine(shapes), "r0", heartbeat_interval_s=10)
+    assert (remote.heartbeat_interval_s, remote.heartbeat_min_gap_s) == (60.0, 30.0)
+    local = SyncLoop(bucket, FakeEngine(shapes), "r1", heartbeat_interval_s=10)
+    assert (local.heartbeat_interval_s, local.heartbeat_min_gap_s) == (10, 0.0)
+
+    t = [0.0]
+    writes = []
+    monkeypatch.setattr(sync_loop, "write_heartbeat", lambda store, hb: writes.append(t[0]))
+    loop = SyncLoop(
+        bucket, FakeEngine(shapes), "r0", heartbeat_interval_s=60, heartbeat_min_gap_s=30,
+        stage_dir=str(tmp_path / "stage"), clock=lambda: t[0],
+    )  # fmt: skip
+    loop.connect()
+    tr.publish()
+    for now in range(0, 300, 5):  # nothing changes after v0: a heartbeat per 60 s
+        t[0] = float(now)
+        loop.poll_once()
+    assert loop.served_version == 0
+    assert writes == [0.0, 60.0, 120.0, 180.0, 240.0]
+    t[0] = 250.0
+    tr.publish_many(1)
+    assert loop.poll_once() is not None  # applied, but 10 s after the last one: it waits
+    assert writes[-1] == 240.0
+    t[0] = 270.0
+    loop.poll_once()  # the first poll after the 30 s gap writes it
+    assert writes[-1] == 270.0
+    t[0] = 301.0
+    tr.publish_many(1)
+    loop.poll_once()  # applied 31 s after the last heartbeat: written right away
+    assert writes[-1] == 301.0 and loop.served_version == 2
+    gaps = [b - a for a, b in zip(writes, writes[1:], strict=False)]
+    assert min(gaps) >= 30
+    tr.close()

@@ -2,8 +2,14 @@
 
 ``build_app(config)`` returns a ``gr.Blocks`` that polls the bucket through one shared
 :class:`~deltasync.dashboard.data.BucketReader` on a ``gr.Timer`` (every open page ticks, but the
-bucket is read at most once per ``refresh_s / 2``). API routes (``gradio_client``): ``/status``
-(state, message and the status table as JSON) and ``/refresh`` (every output of the page).
+bucket is read at most once per ``refresh_s / 2``, and less often while nothing changes:
+``BucketReader.next_read_delay_s``; a tick that finds the same snapshot sends nothing). API routes
+(``gradio_client``): ``/status`` (state, a public message and the status table as JSON) and
+``/refresh`` (every output of the page).
+
+Public pages show no bucket URI, local path or exception text: the state's public line (e.g.
+"bucket unreadable: token lacks access") and each replica's error kind only. Uploads are capped
+at 1 KB (the dashboard takes none).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from .data import BucketReader, Snapshot
+from .data import BucketReader, Snapshot, public_error
 
 log = logging.getLogger("deltasync.dashboard")
 
@@ -45,7 +51,8 @@ class DashboardConfig:
     Attributes:
         bucket: the run root URI (folder, ``file://``, ``memory://``, ``hf://buckets/...``,
             ``s3://``).
-        refresh_s: seconds between polls of the page (``gr.Timer``).
+        refresh_s: seconds between polls of the page (``gr.Timer``); the bucket itself is read
+            less often while nothing changes.
         stalled_after_s: seconds after which a replica's heartbeat counts as STALLED.
         host: interface to serve on ("0.0.0.0" on a Space).
         port: TCP port.
@@ -97,9 +104,10 @@ class SharedReader:
         self._last_mono = 0.0
 
     def snapshot(self) -> Snapshot:
-        """A snapshot at most ``min_age_s`` seconds old."""
+        """A snapshot at most max(``min_age_s``, ``reader.next_read_delay_s()``) seconds old."""
         with self._lock:
-            if self._last is None or time.monotonic() - self._last_mono >= self.min_age_s:
+            age = max(self.min_age_s, self.reader.next_read_delay_s())
+            if self._last is None or time.monotonic() - self._last_mono >= age:
                 self._last = self.reader.read()
                 self._last_mono = time.monotonic()
             return self._last
@@ -114,17 +122,25 @@ def _jsonable(df: pd.DataFrame) -> list[dict]:
 
 
 def status_payload(snap: Snapshot) -> dict:
-    """The ``/status`` answer: state, message, run, trainer version and one dict per replica."""
+    """The ``/status`` answer: state, public message, run, trainer version and one dict per
+    replica (its error kind only: no paths, URIs or exception text)."""
     return {
-        "uri": snap.uri,
         "state": snap.state,
-        "message": snap.message,
+        "message": snap.public,
         "run_id": snap.run_id,
         "trainer_version": snap.trainer_version,
         "read_at": snap.read_at,
-        "warnings": snap.warnings,
-        "replicas": _jsonable(snap.frame("status")),
+        "warnings": len(snap.warnings),
+        "replicas": _jsonable(public_status(snap.frame("status"))),
     }
+
+
+def public_status(df: pd.DataFrame) -> pd.DataFrame:
+    """The status table as public pages show it: ``last_error`` reduced to its kind."""
+    out = df.copy()
+    if len(out):
+        out["last_error"] = [public_error(e) for e in out["last_error"]]
+    return out
 
 
 def _styled_status(df: pd.DataFrame):
@@ -192,8 +208,8 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
     shared = SharedReader(reader, min_age_s=config.refresh_s / 2)
     plot = {"height": 260, "x_title": "time (UTC)", "x_axis_format": "%H:%M:%S"}
 
-    with gr.Blocks(title=f"deltasync · {config.bucket}") as demo:
-        gr.Markdown(f"## deltasync sync lag · `{config.bucket}`")
+    with gr.Blocks(title="deltasync dashboard") as demo:
+        gr.Markdown("## deltasync: sync lag and training")
         summary = gr.Markdown("reading the bucket…", elem_id="summary")
         status = gr.Dataframe(
             label="Replicas (lag = trainer version − replica version; STALLED: heartbeat older "
@@ -202,6 +218,26 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
             elem_id="status-table",
             wrap=True,
         )
+        with gr.Row():
+            reward = gr.LinePlot(
+                x="step",
+                y="reward",
+                color="series",
+                title="Reward per step, evaluations as mean ± SE",
+                x_title="trainer step",
+                y_title="mean reward",
+                elem_id="plot-reward",
+                height=260,
+            )
+            lag_s_main = gr.LinePlot(
+                x="time",
+                y="lag_s",
+                color="replica",
+                title="Sync lag (seconds)",
+                y_title="seconds behind newest publish",
+                elem_id="plot-lag-seconds-main",
+                **plot,
+            )
         with gr.Row():
             versions = gr.LinePlot(
                 x="time",
@@ -271,13 +307,13 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
                 **plot,
             )
         with gr.Row():
-            reward = gr.LinePlot(
+            stale = gr.LinePlot(
                 x="step",
-                y="reward",
-                title="Reward",
+                y="stale_fraction",
+                title="Stale fraction (discarded / generated samples)",
                 x_title="trainer step",
-                y_title="mean reward",
-                elem_id="plot-reward",
+                y_title="fraction",
+                elem_id="plot-stale-fraction",
                 height=260,
             )
             staleness = gr.BarPlot(
@@ -299,7 +335,9 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
             (density, "density"),
             (paused, "syncs"),
             (phases, "sync_phases"),
-            (reward, "training"),
+            (reward, "reward"),
+            (lag_s_main, "lag"),
+            (stale, "training"),
             (staleness, "staleness"),
         ]
 
@@ -307,9 +345,15 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
 
         def refresh(seen: dict):
             snap = shared.snapshot()
+            settling = any(v.get("settle") for k, v in seen.items() if isinstance(k, int))
+            key = [id(snap), snap.read_at]
+            if seen.get("snap") == key and not settling:  # nothing new: send nothing
+                return tuple(gr.skip() for _ in outputs)
+            seen["snap"] = key
             known = set(snap.frame("versions").series) | set(snap.frame("status").replica)
             replicas = sorted(known - {"trainer"})
-            out = [snap.markdown(), _styled_status(snap.frame("status"))]
+            status_df = public_status(snap.frame("status"))
+            out = [snap.markdown(public=True), _styled_status(status_df)]
             out += [
                 plot_update(snap.frame(name), p.color, replicas, seen.setdefault(i, {}))
                 for i, (p, name) in enumerate(plots)
@@ -343,5 +387,9 @@ def serve(config: DashboardConfig) -> None:
         config.refresh_s,
     )
     build_app(config).launch(
-        server_name=config.host, server_port=config.port, show_error=True, footer_links=["api"]
+        server_name=config.host,
+        server_port=config.port,
+        show_error=False,  # exception text stays in the log, not on the public page
+        max_file_size="1kb",  # the dashboard takes no uploads
+        footer_links=["api"],
     )

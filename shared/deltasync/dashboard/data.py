@@ -1,8 +1,10 @@
 """The dashboard's data layer: a run's bucket -> pandas DataFrames. Imports neither torch nor gradio.
 
 It reads only ``manifest.json``, ``replicas/<id>.json`` and ``metrics/trainer.json`` (never payload
-files), and re-reads a file only when its size or modification stamp changed (one ``info`` per file
-and one listing of ``replicas/`` per poll). Parsed objects are cached, and what was seen is kept in
+files), with conditional reads (``Store.read_if_changed``: on ``hf://`` one resolver request per
+file, answered 304 when unchanged), lists ``replicas/`` (a Hub API request) at most every
+``list_every_s``, re-reads heartbeats at most every ``heartbeat_every_s``, and reads less often
+while nothing changes (:meth:`BucketReader.next_read_delay_s`). Parsed objects are cached, and what was seen is kept in
 a bounded history, so plots keep versions, syncs and steps that retention or the heartbeat's
 bounded ``recent`` list have since dropped.
 
@@ -13,7 +15,8 @@ objects and naive UTC ``datetime64`` in the frames' ``time`` columns.
 
 States of a :class:`Snapshot`: ``waiting`` (no folder, no manifest, no version yet, or a manifest
 that does not parse, e.g. half-written), ``ok``, and ``error`` (the bucket cannot be read: the
-message names the URI and why). Errors are turned into these states on purpose and logged; nothing
+message names the URI and why). ``Snapshot.public`` is the same state for public pages: a short
+line without URIs, local paths or exception text (e.g. "bucket unreadable: token lacks access"). Errors are turned into these states on purpose and logged; nothing
 here raises for a bad bucket.
 """
 
@@ -29,18 +32,19 @@ from typing import Literal
 
 import pandas as pd
 
-from ..errors import StoreAuthError, StoreError, StoreNotFoundError
+from ..errors import StoreAccessError, StoreError, StoreNotFoundError
 from ..manifest import MANIFEST_PATH, Manifest, VersionEntry
 from ..status import (
     REPLICAS_DIR,
     TRAINER_METRICS_PATH,
+    EvalResult,
     ReplicaHeartbeat,
     StepMetrics,
     SyncRecord,
     TrainerMetrics,
     lag_versions,
 )
-from ..store import Store, classify_error, resolve_uri
+from ..store import Store, resolve_uri
 
 log = logging.getLogger("deltasync.dashboard")
 
@@ -67,7 +71,17 @@ COLUMNS: dict[str, list[str]] = {
     "sync_phases": "time replica version phase seconds".split(),
     # one row per trainer step
     "training": (
-        "step time version reward loss staleness_mean diff_s encode_s upload_s mb density"
+        "step time version reward loss staleness_mean stale_fraction diff_s encode_s upload_s mb "
+        "density"
+    ).split(),
+    # reward per step in long form for one plot: series "train" (the trainer's mean reward) and
+    # one series per evaluation, "eval <label> ±SE" (three points at its step: mean - SE, mean,
+    # mean + SE, drawn as a vertical error bar)
+    "reward": "step reward series".split(),
+    # one row per evaluation (TrainerMetrics.evals)
+    "evals": (
+        "label step version episodes reward_mean reward_se win_rate wellformed_rate "
+        "valid_guess_rate guesses_mean time"
     ).split(),
     # the staleness histogram in long form: staleness (versions, as text) -> sample count
     "staleness": "step staleness count".split(),
@@ -92,22 +106,8 @@ TEXT_COLUMNS = frozenset(
         "status",
         "last_error",
         "apply_path",
+        "label",
     }
-)
-
-# Fields of an fsspec ``info`` dict that change when an object is rewritten (any backend).
-_CHANGE_FIELDS = (
-    "mtime",
-    "created",
-    "LastModified",
-    "last_modified",
-    "ETag",
-    "etag",
-    "md5",
-    "blob_id",
-    "xet_hash",
-    "sha",
-    "last_commit",
 )
 
 
@@ -130,15 +130,10 @@ def _frame(name: str, rows: list[tuple]) -> pd.DataFrame:
     return df
 
 
-def _change_key(info: dict) -> tuple | None:
-    """A key that changes when the object is rewritten, or None when the backend gives none."""
-    stamps = tuple((k, str(info[k])) for k in _CHANGE_FIELDS if info.get(k) is not None)
-    return (info.get("size"), *stamps) if stamps else None
-
-
 @dataclass
 class ReadStats:
-    """What one poll cost: ``stat_calls`` (info/listing requests), ``files_read``, ``bytes_read``."""
+    """What one poll cost: ``stat_calls`` (store requests: conditional reads and listings),
+    ``files_read`` (files that changed and were downloaded), ``bytes_read``."""
 
     stat_calls: int = 0
     files_read: int = 0
@@ -152,7 +147,9 @@ class Snapshot:
     Attributes:
         uri: the bucket URI as given.
         state: "waiting" (no version yet), "ok", or "error" (the bucket cannot be read).
-        message: one line for people: what the state means, with the URI and the reason.
+        message: one line for the operator (logs): what the state means, with the URI and the
+            reason.
+        public: the same for public pages: no URI, local path or exception text.
         read_at: unix seconds of the poll.
         run_id: the manifest's run id (None before the first manifest).
         trainer_version: newest version in the manifest (None before the first).
@@ -166,6 +163,7 @@ class Snapshot:
     state: Literal["waiting", "ok", "error"]
     message: str
     read_at: float
+    public: str = ""
     run_id: str | None = None
     trainer_version: int | None = None
     trainer_published_at: float | None = None
@@ -177,9 +175,10 @@ class Snapshot:
         """The frame ``name`` (an empty one with its columns if it was not built)."""
         return self.frames.get(name, empty_frame(name))
 
-    def markdown(self) -> str:
-        """A short Markdown summary: state, run, trainer version, replicas, warnings."""
-        lines = [f"**{self.state.upper()}**: {self.message}"]
+    def markdown(self, public: bool = False) -> str:
+        """A short Markdown summary: state, run, trainer version, replicas, warnings, evaluations
+        (``public``: the public message, and warnings without file details)."""
+        lines = [f"**{self.state.upper()}**: {self.public if public else self.message}"]
         if self.run_id is not None:
             age = self.read_at - self.trainer_published_at if self.trainer_published_at else None
             age_txt = f", published {age:.0f} s ago" if age is not None else ""
@@ -190,8 +189,17 @@ class Snapshot:
         if len(status):
             flagged = status[~status["health"].isin(["ok", "starting", "stopped"])]
             lines.append(f"{len(status)} replica(s), {len(flagged)} flagged")
-        for w in self.warnings:
-            lines.append(f"warning: {w}")
+        if public and self.warnings:
+            lines.append(f"{len(self.warnings)} file(s) skipped this poll (malformed)")
+        else:
+            for w in self.warnings:
+                lines.append(f"warning: {w}")
+        evals = self.frame("evals")
+        for r in evals.itertuples():
+            lines.append(
+                f"eval **{r.label}** (step {r.step}, {r.episodes} games): reward "
+                f"{r.reward_mean:.3f} ± {r.reward_se:.3f} (SE), win rate {100 * r.win_rate:.0f}%"
+            )
         stamp = time.strftime("%H:%M:%S", time.localtime(self.read_at))
         lines.append(
             f"<small>read {stamp} · {self.stats.files_read} file(s), "
@@ -206,11 +214,19 @@ class BucketReader:
     Args:
         uri: the run root: a folder, ``file://``, ``memory://``, ``hf://buckets/...``, ``s3://``.
         stalled_after_s: a replica whose heartbeat is older than this (seconds) is flagged
-            STALLED.
+            STALLED (at least 150 on remote stores, where idle heartbeats are 60 s apart).
         history: most versions, syncs per replica, heartbeat samples per replica and trainer steps
             kept for the plots.
         retries: attempts per storage call (kept low: the next poll retries anyway).
         store: an already opened Store for ``uri`` (tests); default: opened on the first poll.
+        min_interval_s: shortest seconds between two reads of the bucket (right after a
+            change); default 0 on a local folder or ``memory://``, 5 elsewhere.
+        max_interval_s: longest seconds between reads while nothing changes (doubling from
+            ``min_interval_s``); default 30.
+        list_every_s: seconds between listings of ``replicas/`` (default 0 local, 60 remote).
+        heartbeat_every_s: seconds between re-reads of known heartbeats (default 0 local, 30
+            remote).
+        clock: monotonic seconds (tests pass a simulated clock).
 
     Thread-safe: concurrent :meth:`read` calls are serialised.
     """
@@ -222,6 +238,11 @@ class BucketReader:
         history: int = 2000,
         retries: int = 2,
         store: Store | None = None,
+        min_interval_s: float | None = None,
+        max_interval_s: float = 30.0,
+        list_every_s: float | None = None,
+        heartbeat_every_s: float | None = None,
+        clock=time.monotonic,
     ):
         if not uri:
             raise ValueError("expected a bucket URI (a folder, file://, memory://, hf://, s3://)")
@@ -235,9 +256,33 @@ class BucketReader:
         self.retries = retries
         self._store = store
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[tuple, object]] = {}  # path -> (change key, parsed object)
+        self._cache: dict[str, tuple[str, object]] = {}  # path -> (read tag, parsed object)
         self._stats = ReadStats()
+        resolved = resolve_uri(uri)
+        remote = not resolved.startswith(("file://", "memory://"))
+        self.min_interval_s = (
+            min_interval_s if min_interval_s is not None else (5.0 if remote else 0.0)
+        )
+        self.max_interval_s = max(self.min_interval_s, max_interval_s)
+        self.list_every_s = list_every_s if list_every_s is not None else (60.0 if remote else 0.0)
+        self.heartbeat_every_s = (
+            heartbeat_every_s if heartbeat_every_s is not None else (30.0 if remote else 0.0)
+        )
+        if remote:  # replicas write heartbeats at most every 60 s on remote stores
+            self.stalled_after_s = max(self.stalled_after_s, 150.0)
+        self._clock = clock
+        self._delay = self.min_interval_s
+        self._changed = False
+        self._listed_at: float | None = None
+        self._hb_read_at: float | None = None
+        self._listing: list[str] = []
+        self._evals: dict[tuple[str, int], EvalResult] = {}
         self._reset_history(None)
+
+    def next_read_delay_s(self) -> float:
+        """Seconds until the next read is worth doing: ``min_interval_s`` after a read that saw
+        a change, doubling while nothing changes, up to ``max_interval_s``."""
+        return self._delay
 
     def _reset_history(self, run_id: str | None) -> None:
         self._run_id = run_id
@@ -247,6 +292,7 @@ class BucketReader:
         self._steps: dict[int, StepMetrics] = {}
         self._heartbeats: dict[str, ReplicaHeartbeat] = {}
         self._manifest: Manifest | None = None
+        self._evals = {}
 
     # ------------------------------------------------------------------------------ reading
     def read(self, now: float | None = None) -> Snapshot:
@@ -261,18 +307,33 @@ class BucketReader:
         with self._lock:
             now = time.time() if now is None else now
             self._stats = ReadStats()
+            self._changed = False
             warnings: list[str] = []
             try:
                 state, message = self._poll(warnings)
+                public = _public_message(state, message, self._manifest)
             except (StoreError, OSError) as e:  # shown in the UI on purpose: the next poll retries
                 log.warning("dashboard: cannot read %s: %s", self.uri, e)
                 state, message = "error", f"cannot read `{self.uri}`: {e}"
+                public = (
+                    e.summary
+                    if isinstance(e, StoreAccessError)
+                    else "bucket unreadable: storage error (retrying)"
+                )
+                self._changed = True  # an error is news: keep reading at the fastest
+            if self._changed or state != "ok":
+                self._delay = self.min_interval_s
+            else:
+                self._delay = min(
+                    max(self._delay, self.min_interval_s, 1.0) * 2, self.max_interval_s
+                )
             m = self._manifest
             latest = m.latest if m else None
             return Snapshot(
                 uri=self.uri,
                 state=state,
                 message=message,
+                public=public,
                 read_at=now,
                 run_id=m.run_id if m else None,
                 trainer_version=latest.version if latest else None,
@@ -308,63 +369,36 @@ class BucketReader:
         self._read_metrics(store, warnings)
         return manifest_state, manifest_msg
 
-    def _full(self, store: Store, path: str) -> str:
-        return f"{store.root}/{path}"
-
-    def _fs_call(self, store: Store, what: str, path: str, fn):
-        """Run an fsspec call; FileNotFoundError -> None, other errors -> typed StoreErrors."""
-        self._stats.stat_calls += 1
-        try:
-            return fn()
-        except FileNotFoundError:
-            return None
-        except Exception as e:  # re-raised as the typed error deltasync.store would raise
-            where = f"{store.uri}/{path}"
-            kind = classify_error(e)
-            if kind == "missing":
-                return None
-            if kind == "auth":
-                raise StoreAuthError(f"{what} {where}: access refused ({e!r})") from e
-            raise StoreError(f"{what} {where} failed: {e!r}") from e
-
-    def _stat(self, store: Store, path: str) -> dict | None:
-        full = self._full(store, path)
-        inv = getattr(store.fs, "invalidate_cache", None)
-        if inv is not None:
-            inv(full)
-        return self._fs_call(store, "stat", path, lambda: store.fs.info(full))
-
-    def _read_cached(self, store: Store, path: str, info: dict | None, parse):
-        """Parsed content of ``path``, re-read only if its change key moved; None if absent.
+    def _read_cached(self, store: Store, path: str, parse):
+        """Parsed content of ``path``, downloaded and parsed again only if it changed (one
+        conditional read); None if absent.
 
         Raises:
             ValueError (pydantic.ValidationError): the content does not parse.
             StoreError: the store failed.
         """
-        if info is None:
-            self._cache.pop(path, None)
-            return None
-        key = _change_key(info)
         hit = self._cache.get(path)
-        if key is not None and hit is not None and hit[0] == key:
-            return hit[1]
+        self._stats.stat_calls += 1
         try:
-            data = store.read_bytes(path)
-        except StoreNotFoundError:  # deleted between stat and read
-            self._cache.pop(path, None)
+            data, tag = store.read_if_changed(path, hit[0] if hit else None)
+        except StoreNotFoundError:
+            if self._cache.pop(path, None) is not None:
+                self._changed = True
             return None
+        if data is None and hit is not None:
+            return hit[1]
+        self._changed = True
+        data = data if data is not None else store.read_bytes(path)
         self._stats.files_read += 1
         self._stats.bytes_read += len(data)
         self._cache.pop(path, None)
         obj = parse(data)
-        if key is not None:
-            self._cache[path] = (key, obj)
+        self._cache[path] = (tag, obj)
         return obj
 
     def _read_manifest(self, store: Store, warnings: list[str]) -> tuple[str, str]:
-        info = self._stat(store, MANIFEST_PATH)
         try:
-            manifest = self._read_cached(store, MANIFEST_PATH, info, Manifest.from_json)
+            manifest = self._read_cached(store, MANIFEST_PATH, Manifest.from_json)
         except ValueError as e:  # half-written or damaged: recovered by waiting for a good one
             first = _why(e)
             log.warning("dashboard: %s/%s does not parse: %s", self.uri, MANIFEST_PATH, first)
@@ -411,25 +445,27 @@ class BucketReader:
         n = len(m.versions) if m else 0
         return f"`{self.uri}`: {n} version(s) in the manifest"
 
-    def _ls(self, store: Store, prefix: str) -> dict[str, dict]:
-        """{relative path: info} of the objects under ``prefix`` ({} if none)."""
-        base = self._full(store, prefix)
-        inv = getattr(store.fs, "invalidate_cache", None)
-        if inv is not None:
-            inv(base)
-        found = self._fs_call(store, "list", prefix, lambda: store.fs.find(base, detail=True))
-        n = len(store.root) + 1
-        return {p[n:]: info for p, info in (found or {}).items()}
+    def _ls(self, store: Store, prefix: str) -> list[str]:
+        """Relative paths of the objects under ``prefix`` ([] if none); one listing request."""
+        self._stats.stat_calls += 1
+        return store.ls(prefix)
 
     def _read_heartbeats(self, store: Store, warnings: list[str]) -> None:
-        listing = self._ls(store, REPLICAS_DIR)
+        now = self._clock()
+        if self._listed_at is None or now - self._listed_at >= self.list_every_s:
+            self._listing = self._ls(store, REPLICAS_DIR)
+            self._listed_at = now
+        elif self._hb_read_at is not None and now - self._hb_read_at < self.heartbeat_every_s:
+            return  # heartbeats change slowly; keep the last ones read
+        self._hb_read_at = now
+        listing = self._listing
         heartbeats = {}
-        for path, info in sorted(listing.items()):
+        for path in sorted(listing):
             name = path.rsplit("/", 1)[-1]
             if not name.endswith(".json") or name.startswith("."):  # ".tmp-*": a write underway
                 continue
             try:
-                hb = self._read_cached(store, path, info, ReplicaHeartbeat.model_validate_json)
+                hb = self._read_cached(store, path, ReplicaHeartbeat.model_validate_json)
             except ValueError as e:  # one bad heartbeat must not hide the others: skip it
                 first = _why(e)
                 log.warning("dashboard: skipping %s/%s: %s", self.uri, path, first)
@@ -451,10 +487,9 @@ class BucketReader:
         self._heartbeats = heartbeats
 
     def _read_metrics(self, store: Store, warnings: list[str]) -> None:
-        info = self._stat(store, TRAINER_METRICS_PATH)
         try:
             metrics = self._read_cached(
-                store, TRAINER_METRICS_PATH, info, TrainerMetrics.model_validate_json
+                store, TRAINER_METRICS_PATH, TrainerMetrics.model_validate_json
             )
         except ValueError as e:  # skipped this poll; the trainer rewrites it every step
             first = _why(e)
@@ -466,6 +501,8 @@ class BucketReader:
         for s in metrics.steps:
             self._steps[s.step] = s
         _trim(self._steps, self.history)
+        for ev in metrics.evals:
+            self._evals[(ev.label, ev.step)] = ev
 
     # ------------------------------------------------------------------------------- frames
     def _frames(self, now: float) -> dict[str, pd.DataFrame]:
@@ -478,6 +515,8 @@ class BucketReader:
             "syncs": self._syncs_frame(),
             "sync_phases": self._phases_frame(),
             "training": self._training_frame(),
+            "reward": self._reward_frame(),
+            "evals": self._evals_frame(),
             "staleness": self._staleness_frame(),
             "status": self._status_frame(now),
         }
@@ -548,9 +587,29 @@ class BucketReader:
             n = sum(s.staleness.values())
             mean = sum(int(b) * c for b, c in s.staleness.items()) / n if n else None
             mb = None if s.bytes is None else s.bytes / BYTES_PER_MB
-            rows.append((s.step, s.time, s.version, s.reward, s.loss, mean, s.diff_s, s.encode_s,
-                         s.upload_s, mb, s.density))  # fmt: skip
+            rows.append((s.step, s.time, s.version, s.reward, s.loss, mean, s.stale_fraction,
+                         s.diff_s, s.encode_s, s.upload_s, mb, s.density))  # fmt: skip
         return _frame("training", rows)
+
+    def _reward_frame(self) -> pd.DataFrame:
+        rows = [
+            (k, self._steps[k].reward, "train")
+            for k in sorted(self._steps)
+            if self._steps[k].reward is not None
+        ]
+        for ev in sorted(self._evals.values(), key=lambda e: (e.step, e.label)):
+            series = f"eval {ev.label} ±SE"
+            for y in (ev.reward_mean - ev.reward_se, ev.reward_mean, ev.reward_mean + ev.reward_se):
+                rows.append((ev.step, y, series))
+        return _frame("reward", rows)
+
+    def _evals_frame(self) -> pd.DataFrame:
+        rows = [
+            (e.label, e.step, e.version, e.episodes, e.reward_mean, e.reward_se, e.win_rate,
+             e.wellformed_rate, e.valid_guess_rate, e.guesses_mean, e.time)
+            for e in sorted(self._evals.values(), key=lambda e: (e.step, e.label))
+        ]  # fmt: skip
+        return _frame("evals", rows)
 
     def _staleness_frame(self) -> pd.DataFrame:
         rows = [
@@ -605,6 +664,38 @@ def _density_frame(versions: list[VersionEntry]) -> pd.DataFrame:
         rows.append((v.version, v.step, v.density, 100 * v.density, v.changed, v.total,
                      v.coalesced, marker, v.created_at))  # fmt: skip
     return _frame("density", rows)
+
+
+def public_error(last_error: str | None) -> str:
+    """A replica's ``last_error`` as public pages show it: the error's kind only (no paths, no
+    exception text); "" when there is none."""
+    if not last_error:
+        return ""
+    kind = last_error.split(":", 1)[0].strip()
+    return _PUBLIC_ERRORS.get(kind, "error (see the replica's log)")
+
+
+_PUBLIC_ERRORS = {
+    "StoreAuthError": "bucket unreadable: token lacks access",
+    "StoreBucketNotFoundError": "bucket not found: check the bucket name and the token",
+    "StoreRateLimitError": "rate limited by the Hub",
+    "StoreError": "bucket read failed (retrying)",
+    "StoreNotFoundError": "a payload file is missing (re-planning)",
+    "DeltaCorruptError": "refused a corrupt payload",
+    "BaseVersionMismatch": "refused a delta on the wrong base",
+    "ModelMismatchError": "model mismatch",
+    "ManifestError": "invalid manifest",
+    "EngineControlError": "engine control failed",
+}
+
+
+def _public_message(state: str, message: str, manifest: Manifest | None) -> str:
+    if state == "ok":
+        n = len(manifest.versions) if manifest else 0
+        return f"{n} version(s) in the manifest"
+    if state == "waiting":
+        return "waiting for the first version"
+    return "bucket unreadable"
 
 
 def _why(e: ValueError) -> str:

@@ -1,0 +1,344 @@
+"""Hugging Face bucket access for :class:`deltasync.store.Store` (``hf://buckets/...``).
+
+Everything that changes the bucket or asks the Hub's API goes through huggingface_hub's public
+``HfApi``: the bucket check is ``bucket_info``, listings ``list_bucket_tree``, writes and deletes
+``batch_bucket_files`` (which uploads the contents to Xet storage itself), ``stat``
+``get_bucket_file_metadata``. Only reads are plain HTTP, through huggingface_hub's shared client
+(``get_session()``, ``build_hf_headers``): ``GET {endpoint}/buckets/<id>/resolve/<path>`` with
+``If-None-Match``, so that an unchanged manifest costs one resolver request and no body, where
+``download_bucket_files`` would cost an API request (``paths-info``) per call.
+
+How the Hub counts them (per token, per 5-minute window): the resolver GET/HEAD is a resolver
+request; ``bucket_info``, ``list_bucket_tree`` (per page of 1,000), ``batch_bucket_files`` (one
+``/batch`` POST, plus the Xet write token its upload fetches from
+``/api/buckets/<id>/xet-write-token`` when it adds files) are API requests.
+
+429: the functions built on huggingface_hub's ``http_backoff`` (``batch_bucket_files``,
+``list_bucket_tree``, ``get_bucket_file_metadata``) already wait the server's ``Retry-After`` and
+retry by themselves, so a 429 they still raise becomes :class:`StoreRateLimitError` at once; the
+reads and ``bucket_info`` do not, so they raise :class:`HubThrottled` and ``Store`` waits and
+retries. Importing this module does not import huggingface_hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from pathlib import Path
+from urllib.parse import quote
+
+from .errors import (
+    StoreAuthError,
+    StoreBucketNotFoundError,
+    StoreError,
+    StoreNotFoundError,
+    StoreRateLimitError,
+)
+
+_NET_MODULES = ("httpx", "httpx2", "httpcore")
+
+# Objects up to this size are kept with their ETag for conditional re-reads (manifest,
+# heartbeats, metrics); payload parts are bigger and are read once.
+_CONDITIONAL_MAX_BYTES = 4 << 20
+
+
+class HubThrottled(Exception):
+    """HTTP 429 from the Hub; ``retry_after_s``: the server's ``Retry-After`` (or the rate-limit
+    reset), seconds, when it sent one. Handled by ``Store._call`` (wait, then retry)."""
+
+    def __init__(self, message: str, retry_after_s: float | None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class HubTransient(Exception):
+    """A Hub answer worth retrying (5xx, 408, a network error)."""
+
+
+class HubBucket:
+    """One Hugging Face bucket (and a folder in it), through huggingface_hub.
+
+    Args:
+        bucket_id: ``owner/name``.
+        prefix: the run's folder inside the bucket ("" for the root).
+        token: a Hugging Face token, or None for the environment's (``HF_TOKEN``, saved login).
+        endpoint: the Hub URL (default ``huggingface_hub.constants.ENDPOINT``).
+
+    Raises:
+        ImportError: huggingface_hub is not installed (the ``hf`` extra).
+    """
+
+    def __init__(self, bucket_id: str, prefix: str = "", token=None, endpoint: str | None = None):
+        from huggingface_hub import HfApi, constants  # lazy: importing deltasync stays light
+
+        self.bucket_id = bucket_id
+        self.prefix = prefix.strip("/")
+        self.token = token
+        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        self.api = HfApi(endpoint=self.endpoint, token=token)
+        self._checked = False
+        self._lock = threading.Lock()
+        self._etags: dict[str, tuple[str, bytes]] = {}  # path -> (etag, body) of small files
+
+    @classmethod
+    def from_uri(cls, uri: str, token=None, endpoint: str | None = None, **_ignored) -> HubBucket:
+        """The bucket of ``hf://buckets/<owner>/<name>[/prefix]``.
+
+        Raises:
+            ValueError: the URI does not name a bucket (owner and name).
+        """
+        rest = uri[len("hf://buckets/") :].strip("/").split("/")
+        if len(rest) < 2 or not all(rest[:2]):
+            raise ValueError(f"expected hf://buckets/<owner>/<name>[/prefix], found {uri!r}")
+        return cls("/".join(rest[:2]), "/".join(rest[2:]), token, endpoint)
+
+    def _key(self, path: str) -> str:
+        return f"{self.prefix}/{path.lstrip('/')}" if self.prefix else path.lstrip("/")
+
+    def _rel(self, key: str) -> str:
+        return key[len(self.prefix) + 1 :] if self.prefix else key
+
+    def resolve_url(self, path: str) -> str:
+        """The resolver URL of ``path`` (as ``HfFileSystem.url`` builds it for a bucket file)."""
+        return f"{self.endpoint}/buckets/{self.bucket_id}/resolve/{quote(self._key(path))}"
+
+    # ------------------------------------------------------------------------- errors
+    def _fail(self, resp, what: str, path: str, write: bool = False):
+        """Raise the typed error for an unsuccessful answer."""
+        code = resp.status_code
+        where = f"hf://buckets/{self.bucket_id}/{self._key(path)}".rstrip("/")
+        need = "write" if write else "read"
+        if code == 429:
+            raise HubThrottled(f"{what} {where}: HTTP 429", _retry_after(resp.headers))
+        if code == 401:
+            found = "no token" if not self._has_token() else "a token the Hub rejected"
+            raise StoreAuthError(
+                f"{what} {where}: the Hub refused the request (HTTP 401). Expected a valid token "
+                f"with {need} access to bucket {self.bucket_id}; found {found}. Fix: set HF_TOKEN "
+                "(a Space secret on a Space) to a current token from "
+                "https://huggingface.co/settings/tokens",
+                summary="bucket unreadable: token missing or invalid",
+            )
+        if code == 403:
+            raise StoreAuthError(
+                f"{what} {where}: the token lacks permission (HTTP 403). Expected a token allowed "
+                f"to {need} bucket {self.bucket_id}; fix the token's scope (a fine-grained token "
+                f"needs {need} access to this bucket or its namespace) or use another HF_TOKEN",
+                summary="bucket not writable: token lacks write access"
+                if write
+                else "bucket unreadable: token lacks access",
+            )
+        if code == 404:
+            err = resp.headers.get("x-error-code", "")
+            if err in ("RepoNotFound", "BucketNotFound") or (not path and what == "check"):
+                raise StoreBucketNotFoundError(
+                    f"{what} {where}: bucket {self.bucket_id} does not exist or this token cannot "
+                    f"see it (HTTP 404). Expected an existing bucket: check the bucket name "
+                    f"(BUCKET=hf://buckets/<owner>/<name>), create it (`hf buckets create "
+                    f"{self.bucket_id}`), or, if it is private, use a token of its owner"
+                )
+            raise StoreNotFoundError(f"{what}: {where} does not exist")
+        if code >= 500 or code == 408:
+            raise HubTransient(f"{what} {where}: HTTP {code}")
+        raise StoreError(f"{what} {where}: unexpected HTTP {code} from the Hub")
+
+    def _has_token(self) -> bool:
+        from huggingface_hub.utils import build_hf_headers
+
+        return any(k.lower() == "authorization" for k in build_hf_headers(token=self.token))
+
+    def _lib(self, what: str, path: str, fn, write: bool = False, retried: bool = True):
+        """Call a huggingface_hub function; its errors come out typed. ``retried``: the function
+        already retries 429, 5xx and network errors itself (``http_backoff``): not again here."""
+        from huggingface_hub.errors import BucketBatchError, HfHubHTTPError
+
+        where = f"hf://buckets/{self.bucket_id}/{self._key(path)}".rstrip("/")
+        try:
+            return fn()
+        except BucketBatchError as e:
+            raise StoreError(
+                f"{what} {where}: the Hub refused {len(e.failures)} operation(s): "
+                f"{str(e.failures)[:300]}"
+            ) from e
+        except HfHubHTTPError as e:
+            resp = e.response
+            if resp is None:
+                raise HubTransient(f"{what} {where}: {e}") from e
+            code = resp.status_code
+            if retried and code == 429:
+                raise StoreRateLimitError(
+                    f"{what} {where} was rate limited (HTTP 429) after huggingface_hub waited "
+                    "the server's Retry-After and retried. Expected fewer requests per 5 minutes "
+                    "on this token: slow the replicas (POLL_INTERVAL_S) or the dashboard "
+                    "(REFRESH_S), or use separate tokens"
+                ) from e
+            if retried and (code >= 500 or code == 408):
+                raise StoreError(
+                    f"{what} {where}: HTTP {code} after huggingface_hub's retries"
+                ) from e
+            self._fail(resp, what, path, write)
+        except Exception as e:
+            if type(e).__module__.split(".")[0] in _NET_MODULES:
+                if retried:
+                    raise StoreError(
+                        f"{what} {where}: {e!r} after huggingface_hub's retries"
+                    ) from e
+                raise HubTransient(f"{what} {where}: {type(e).__name__}: {e}") from e
+            raise
+
+    def check(self) -> None:
+        """Check once per HubBucket that the bucket exists and the token may see it
+        (``HfApi.bucket_info``, one API request); a later resolver 404 then means a missing file.
+
+        Raises:
+            StoreAuthError, StoreBucketNotFoundError: the token or the bucket is wrong.
+        """
+        if self._checked:
+            return
+        self._lib("check", "", lambda: self.api.bucket_info(self.bucket_id), retried=False)
+        self._checked = True
+
+    # -------------------------------------------------------------------------- reads
+    def _send(self, method: str, url: str, **kw):
+        from huggingface_hub.utils import get_session
+
+        try:
+            return get_session().request(method, url, **kw)
+        except Exception as e:  # network errors: retried by Store._call
+            if type(e).__module__.split(".")[0] in _NET_MODULES:
+                raise HubTransient(f"{method} {url}: {type(e).__name__}: {e}") from e
+            raise
+
+    def get(self, path: str, if_none_match: str | None = None) -> tuple[bytes | None, str]:
+        """(bytes, tag) of ``path``; (None, tag) when ``if_none_match`` still matches. Sends
+        the ETag of the last read of ``path`` when it kept one: a 304 returns those bytes."""
+        from huggingface_hub.utils import build_hf_headers
+
+        self.check()
+        headers = build_hf_headers(token=self.token)
+        kept = self._etags.get(path)
+        etag = if_none_match or (kept[0] if kept else None)
+        if etag:
+            headers["If-None-Match"] = etag
+        resp = self._send("GET", self.resolve_url(path), headers=headers)
+        if resp.status_code == 304:
+            if if_none_match:
+                return None, if_none_match
+            if kept is not None:
+                return kept[1], kept[0]
+            raise HubTransient(f"read {path}: 304 without a cached copy")
+        if resp.status_code != 200:
+            self._fail(resp, "read", path)
+        data = resp.content
+        tag = _etag(resp) or hashlib.blake2b(data, digest_size=16).hexdigest()
+        if len(data) <= _CONDITIONAL_MAX_BYTES and _etag(resp):
+            with self._lock:
+                self._etags[path] = (tag, data)
+        return data, tag
+
+    def head(self, path: str) -> dict | None:
+        """``{"size", "tag"}`` of ``path`` (``HfApi.get_bucket_file_metadata``: one resolver
+        HEAD; the tag is the file's Xet hash), or None when it is missing."""
+        self.check()
+        try:
+            meta = self._lib(
+                "stat",
+                path,
+                lambda: self.api.get_bucket_file_metadata(self.bucket_id, self._key(path)),
+            )
+        except StoreNotFoundError:
+            return None
+        except ValueError:  # answered, but without Xet metadata or size: it exists
+            return {"size": None, "tag": None}
+        return {"size": meta.size, "tag": meta.xet_file_data.file_hash}
+
+    def download(self, path: str, local_path: str) -> None:
+        """Stream ``path`` into ``local_path`` (one resolver request)."""
+        from huggingface_hub.utils import build_hf_headers, get_session
+
+        self.check()
+        try:
+            with get_session().stream(
+                "GET", self.resolve_url(path), headers=build_hf_headers(token=self.token)
+            ) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    self._fail(resp, "download", path)
+                with open(local_path, "wb") as f:
+                    for chunk in resp.iter_bytes(1 << 20):
+                        f.write(chunk)
+        except (HubThrottled, HubTransient, StoreError):
+            raise
+        except Exception as e:
+            if type(e).__module__.split(".")[0] in _NET_MODULES:
+                raise HubTransient(f"download {path}: {e}") from e
+            raise
+
+    def list(self, prefix: str) -> list[str]:
+        """Relative paths of the files under ``prefix`` (``HfApi.list_bucket_tree``, recursive:
+        one API request per page of 1,000 entries)."""
+        self.check()
+        key = self._key(prefix).strip("/")
+
+        def walk():
+            tree = self.api.list_bucket_tree(self.bucket_id, prefix=key or None, recursive=True)
+            return [e.path for e in tree if e.type == "file"]
+
+        try:
+            found = self._lib("list", prefix, walk)
+        except StoreNotFoundError:  # a folder that does not exist
+            return []
+        return sorted(self._rel(p) for p in found if not key or p.startswith(key + "/"))
+
+    # ------------------------------------------------------------------------- writes
+    def put(self, items: list[tuple[str, bytes | str | Path]], delete: list[str] = ()) -> None:
+        """Add files and delete others in one ``HfApi.batch_bucket_files`` call (``(path, bytes
+        or a local file)``; the upload to Xet storage happens inside it). Not transactional: on
+        an error some of the operations may be done."""
+        if not items:
+            self.delete(list(delete))
+            return
+        self.check()
+        add = [(src if isinstance(src, bytes) else str(src), self._key(p)) for p, src in items]
+        keys = [self._key(p) for p in delete] or None
+        self._lib(
+            "write", items[0][0],
+            lambda: self.api.batch_bucket_files(self.bucket_id, add=add, delete=keys),
+            write=True,
+        )  # fmt: skip
+        with self._lock:
+            for p in [p for p, _ in items] + list(delete):
+                self._etags.pop(p, None)
+
+    def delete(self, paths: list[str]) -> None:
+        """Delete files in one ``HfApi.batch_bucket_files`` call (nothing when ``paths`` is
+        empty)."""
+        if not paths:
+            return
+        self.check()
+        keys = [self._key(p) for p in paths]
+        self._lib(
+            "delete", paths[0], lambda: self.api.batch_bucket_files(self.bucket_id, delete=keys),
+            write=True,
+        )  # fmt: skip
+        with self._lock:
+            for p in paths:
+                self._etags.pop(p, None)
+
+
+def _etag(resp) -> str | None:
+    h = resp.headers
+    return h.get("x-linked-etag") or h.get("etag") or h.get("x-xet-hash")
+
+
+def _retry_after(headers) -> float | None:
+    """Seconds to wait from ``Retry-After`` (seconds) or ``RateLimit`` (``...;t=N``), if any."""
+    value = headers.get("retry-after")
+    if value is not None:
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            pass
+    m = re.search(r"t=(\d+)", headers.get("ratelimit", ""))
+    return float(m.group(1)) if m else None
