@@ -13,7 +13,7 @@ ARCH := $(shell uname -m)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1 || echo 0)
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast lint format bench train e2e dashboard spaces clean
+.PHONY: setup test test-fast lint format bench train eval e2e dashboard spaces clean
 
 setup: $(STAMP)
 
@@ -53,6 +53,11 @@ bench: setup
 train: setup
 	BUCKET="$(BUCKET)" MODEL="$(MODEL)" VLLM_URL="$(VLLM_URL)" ENV_URL="$(ENV_URL)" \
 	  RUN_ID="$(RUN_ID)" STEPS="$(STEPS)" $(PY) -m trainer $(TRAIN_ARGS)
+
+# make eval [RUN=wordle-local] [SEEDS=900000:64]: a finished run's initial model vs its newest
+# bucket version on held-out games, each through a vLLM replica started for it (trainer/evaluate.py)
+eval: setup
+	$(PY) -m trainer.evaluate --run "$(or $(RUN),wordle-local)" --seeds "$(or $(SEEDS),900000:64)"
 
 # make e2e: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/e2e.py)
 e2e: setup

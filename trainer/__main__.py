@@ -4,6 +4,7 @@ import json
 import logging
 
 from .config import from_args
+from .local_stack import quiet_libraries
 from .train import run
 
 
@@ -11,6 +12,7 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    quiet_libraries()
     summary = run(from_args())
     print(json.dumps(summary, indent=1))
 

@@ -136,8 +136,12 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: int = 5,
-            runs_root: str = "runs", run_id: str = "e2e", timeout_s: float = 600) -> dict:  # fmt: skip
+            runs_root: str = "runs", run_id: str = "e2e", timeout_s: float = 600,
+            **train_overrides) -> dict:  # fmt: skip
     """Run the scenario; returns the report (also written to ``<run_dir>/e2e.json``).
+
+    ``train_overrides`` replace :class:`~trainer.config.TrainConfig` fields (e.g. a smaller warm
+    start or fewer evaluation games for the test).
 
     Raises:
         AssertionError: an end condition does not hold (replicas not on the final version, digest
@@ -145,9 +149,11 @@ def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: i
     """
     cfg = TrainConfig(
         run_id=run_id, runs_root=runs_root, max_steps=steps, anchor_every=anchor_every,
-        num_generations=4, per_device_train_batch_size=4, max_completion_length=24,
-        dashboard=True, dashboard_port=local_stack.free_port(), max_staleness=3,
+        num_generations=4, per_device_train_batch_size=8,
+        dashboard=True, dashboard_port=local_stack.free_port(), eval_episodes=16,
     )  # fmt: skip
+    for k, v in train_overrides.items():
+        setattr(cfg, k, v)
     faults: dict = {}
     corrupted: dict = {}
 
@@ -213,6 +219,10 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
         "staleness": summary["staleness"],
         "staleness_dropped": summary["staleness_dropped"],
         "wall_s": summary["wall_s"],
+        "eval_before": summary["eval_before"],
+        "eval_after": summary["eval_after"],
+        "stale_fraction": summary["stale_fraction"],
+        "turns_mean": summary["turns_mean"],
         **summary["e2e"],
     }
     problems = []

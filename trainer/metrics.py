@@ -1,15 +1,20 @@
 """Trainer metrics in the bucket (``metrics/trainer.json``, ``deltasync.status.TrainerMetrics``),
 rewritten after every logged step so that a dashboard anywhere can read them, plus one dense log
-line per step."""
+line per step (written above the progress bar)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import statistics
+import time
 
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
-from deltasync.status import TRAINER_METRICS_PATH, StepMetrics, TrainerMetrics
+from deltasync.status import TRAINER_METRICS_PATH, EvalResult, StepMetrics, TrainerMetrics
 from deltasync.store import Store
 
 log = logging.getLogger("trainer.metrics")
@@ -24,27 +29,90 @@ def _num(logs: dict, *keys) -> float | None:
 
 
 class BucketMetricsCallback(TrainerCallback):
-    """Collects reward, loss, staleness and publish costs per step and writes them to the bucket.
+    """Collects reward, loss, staleness, step time and publish costs per step and writes them, and
+    the evaluations, to the bucket.
 
     Args:
         store: the run's store.
         run_id: the run.
         publisher: the DeltaPublisher (its committed entries give bytes, density, timings).
-        tagger: the ReplicaVersionTagger (staleness histogram, replica version), or None.
+        tagger: the ReplicaVersionTagger (staleness histogram, replica version), or None; may be
+            set after construction.
         keep: newest steps kept in the file.
+        log_path: a local JSON-lines file that receives every logged dict in full (TRL's
+            ``perf/*``, ``sample/*``, ``rollout/*`` counters), one line per step; None: none.
+        min_write_interval_s: on remote stores (hf://, s3://) the file is rewritten at most this
+            often (each write costs Hub API calls, shared by the whole fleet); locally after
+            every step. Evaluations and the end of training always write.
     """
 
-    def __init__(self, store: Store, run_id: str, publisher, tagger=None, keep: int = 1000):
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        publisher,
+        tagger=None,
+        keep: int = 1000,
+        min_write_interval_s: float = 30.0,
+        log_path: str | None = None,
+    ):
+        self.log_path = log_path
         self.store = store
+        remote = str(store.uri).startswith(("hf://", "s3://"))
+        self.min_write_interval_s = min_write_interval_s if remote else 0.0
+        self._written_at = float("-inf")
         self.publisher = publisher
         self.tagger = tagger
         self.keep = keep
         self.metrics = TrainerMetrics(run_id=run_id)
+        self.step_s: list[float] = []
+        self._step_t0: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._step_t0 is not None:
+            self.step_s.append(time.perf_counter() - self._step_t0)
+
+    def step_s_median(self) -> float | None:
+        """Median seconds per optimizer step (sample wait + forward/backward + publish diff)."""
+        return round(statistics.median(self.step_s), 3) if self.step_s else None
+
+    def stale_fraction(self) -> float | None:
+        """Samples discarded as stale / samples generated (consumed by the trainer or left in the
+        queue at the end), from the staleness histogram of every consumed sample."""
+        if self.tagger is None:
+            return None
+        consumed = sum(self.tagger.staleness.values())
+        dropped = self.tagger.dropped
+        generated = consumed + self.tagger.left_in_queue()
+        return round(dropped / generated, 4) if generated else None
+
+    def add_eval(self, label: str, step: int, version: int | None, block: dict) -> None:
+        """Record an evaluation block (``trainer.evaluate.summarize``) and write the metrics."""
+        fields = {k: block[k] for k in EvalResult.model_fields if k in block}
+        self.metrics.evals.append(EvalResult(label=label, step=step, version=version, **fields))
+        self._write()
+
+    def _write(self, force: bool = True) -> None:
+        now = time.monotonic()
+        if not force and now - self._written_at < self.min_write_interval_s:
+            return
+        self._written_at = now
+        self.metrics.updated_at = time.time()
+        self.store.write_bytes(TRAINER_METRICS_PATH, self.metrics.model_dump_json().encode())
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._write()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         if "loss" not in logs and "reward" not in logs:
             return
+        if self.log_path is not None:
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
         entry = self.publisher.published[-1] if self.publisher.published else None
         m = StepMetrics(
             step=state.global_step,
@@ -59,16 +127,34 @@ class BucketMetricsCallback(TrainerCallback):
             upload_s=entry.timings_s.get("write_upload_s") if entry else None,
             bytes=(entry.delta.bytes if entry and entry.delta else None),
             density=entry.density if entry and entry.delta else None,
+            stale_fraction=self.stale_fraction(),
+            turns_mean=_num(logs, "rollout/turns_mean"),
         )
         self.metrics.steps = (self.metrics.steps + [m])[-self.keep :]
-        self.store.write_bytes(TRAINER_METRICS_PATH, self.metrics.model_dump_json().encode())
+        self._write(force=False)
         rv = self.tagger.replica_version if self.tagger else None
-        log.info(
-            "step %d reward=%s loss=%s version=%s replica=%s lag=%s bytes=%s density=%s",
-            m.step, _fmt(m.reward), _fmt(m.loss), m.version, rv,
-            (m.version - rv) if m.version is not None and rv is not None else None,
-            m.bytes, _fmt(m.density, 5),
-        )  # fmt: skip
+        msg = (
+            f"step {m.step} reward={_fmt(m.reward)} turns={_fmt(m.turns_mean, 2)} "
+            f"loss={_fmt(m.loss)} step_s={_fmt(self.step_s[-1] if self.step_s else None, 1)} "
+            f"v{m.version} replica=v{rv} stale={_fmt(m.stale_fraction, 2)} "
+            f"bytes={m.bytes} density={_fmt(m.density, 5)}"
+        )
+        tqdm.write(msg)  # above the progress bar; the bar's own per-log dict is silenced
+        log.debug(msg)
+
+
+class _QuietProgress(ProgressCallback):
+    """transformers' progress bar without its per-step dump of the whole log dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return
+
+
+def quiet_progress(trainer) -> None:
+    """Keep the trainer's tqdm bar but drop its per-step log dump (our one dense line replaces
+    it), through the public ``remove_callback`` / ``add_callback``."""
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(_QuietProgress())
 
 
 def _fmt(x, digits=3):

@@ -44,6 +44,7 @@ class ReplicaVersionTagger:
         published_version_fn: returns the bucket version of the last publish (after TRL's sync).
         replica_version_fn: returns the bucket version the replica serves, or None.
         poll_s: seconds between replica polls.
+        max_staleness: TRL's setting; consumed samples staler than this are the dropped ones.
     """
 
     def __init__(
@@ -52,7 +53,9 @@ class ReplicaVersionTagger:
         published_version_fn: Callable[[], int | None],
         replica_version_fn: Callable[[], int | None],
         poll_s: float = 0.25,
+        max_staleness: int | None = None,
     ):
+        self.max_staleness = max_staleness
         self.inner = inner
         self.metrics_queue = inner.metrics_queue
         self.rollout_buffer = _CountingQueue(inner.rollout_buffer, self)
@@ -97,6 +100,17 @@ class ReplicaVersionTagger:
                 return 0
             i = bisect.bisect_right(self._pub, replica_version)
             return self._trl[i - 1] if i else 0
+
+    @property
+    def dropped(self) -> int:
+        """Consumed samples TRL discarded as stale (0 when ``max_staleness`` is unknown)."""
+        if self.max_staleness is None:
+            return 0
+        return sum(n for s, n in self.staleness.items() if s > self.max_staleness)
+
+    def left_in_queue(self) -> int:
+        """Scored samples still waiting in the rollout queue (approximate, as ``qsize`` is)."""
+        return self.rollout_buffer.qsize()
 
     def record(self, sample_version: int) -> None:
         self.staleness[max(0, self.trl_version - int(sample_version))] += 1

@@ -24,25 +24,31 @@ from deltasync.store import Store
 from . import local_stack, trl_compat
 from .bucket_transfer import BucketWeightTransfer
 from .config import TINY, TrainConfig
-from .metrics import BucketMetricsCallback
+from .evaluate import check_context, evaluate
+from .metrics import BucketMetricsCallback, quiet_progress
 from .rollout_tagging import ReplicaVersionTagger
-from .wordle_task import ENV_URL_VAR, WordleToolEnv, format_reward, make_dataset
+from .wordle_task import ENV_URL_VAR, WordleToolEnv, eval_seeds, make_dataset
 
 log = logging.getLogger("trainer")
 
 
-def prepare_model(cfg: TrainConfig, store: Store) -> str:
-    """The model folder TRL loads: the configured one, or for a run that already has versions,
-    a copy whose weights are the bucket's newest version (restart)."""
+def initial_model(cfg: TrainConfig) -> tuple[str, float]:
+    """The model a new run starts from and the seconds spent building it: for ``tiny``, the
+    warm-started local model (``trainer.warm_start``, cached under ``runs/cache``)."""
+    model = cfg.model_id()
+    if model != TINY:
+        return model, 0.0
+    from .warm_start import WarmStartConfig, warm_start
+
+    ws = WarmStartConfig(games=cfg.warm_start_games, epochs=cfg.warm_start_epochs, seed=cfg.seed)
+    return warm_start(cfg.cache_dir or os.path.join(cfg.runs_root, "cache"), ws)
+
+
+def prepare_model(cfg: TrainConfig, store: Store, model: str) -> str:
+    """The model folder TRL loads: ``model``, or for a run that already has versions, a copy
+    whose weights are the bucket's newest version (restart)."""
     from deltasync.subscriber import DeltaSubscriber, HeldWeights
 
-    model = cfg.model_id()
-    if model == TINY:
-        from deltasync.tiny_model import make_tiny_qwen3
-
-        model = os.path.abspath(os.path.join(cfg.run_dir, "model"))
-        if not os.path.exists(os.path.join(model, "config.json")):
-            make_tiny_qwen3(model, seed=cfg.seed)
     sub = DeltaSubscriber(store)
     manifest = sub.read_manifest()
     if manifest is None or manifest.latest is None:
@@ -73,19 +79,30 @@ def _write_checkpoint(src: str, held, dst: str) -> None:
     save_file({n: t.contiguous() for n, t in held.to_torch().items()}, f"{dst}/model.safetensors")
 
 
-def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_fn):
-    """AsyncGRPOTrainer with the bucket weight transfer and truthful staleness tagging."""
+def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_fn, on_first_apply):
+    """AsyncGRPOTrainer with the bucket weight transfer and truthful staleness tagging.
+
+    ``on_first_apply(version)`` runs once the replica serves the first published version and
+    before TRL's rollout worker starts (the evaluation "before" uses it).
+    """
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
+    step_samples = cfg.per_device_train_batch_size
     args = AsyncGRPOConfig(
         output_dir=cfg.output_dir or os.path.join(cfg.run_dir, "trainer"),
         max_steps=cfg.max_steps,
-        learning_rate=cfg.learning_rate,
+        learning_rate=cfg.lr(),
         num_generations=cfg.num_generations,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         max_completion_length=cfg.max_completion_length,
         max_tool_calling_iterations=cfg.max_tool_calling_iterations,
         max_staleness=cfg.max_staleness,
+        # Bounded generation: at most one step's worth of episodes in flight and one step's worth
+        # of scored samples queued, so little is generated that will be discarded as stale.
+        max_inflight_tasks=cfg.max_inflight_tasks or step_samples,
+        queue_maxsize=cfg.queue_maxsize or step_samples,
+        chat_template_kwargs={"enable_thinking": False},
+        gradient_checkpointing=False,  # a small model: recomputation costs more than it saves
         token_budget=cfg.token_budget,
         weight_sync_steps=cfg.weight_sync_steps,
         vllm_server_base_url=cfg.vllm_url,
@@ -102,11 +119,11 @@ def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_
     transfer = BucketWeightTransfer(
         publisher,
         step_fn=lambda: state["trainer"].state.global_step if "trainer" in state else 0,
-        first_apply_fn=lambda v: _wait_replica(replica_version_fn, v),
+        first_apply_fn=lambda v: (_wait_replica(replica_version_fn, v), on_first_apply(v)),
     )
     trainer = AsyncGRPOTrainer(
         model=model_path,
-        reward_funcs=[format_reward],
+        reward_funcs=[],  # the environment's get_reward is the reward (trainer.wordle_task)
         args=args,
         train_dataset=make_dataset(n_rows, cfg.seed),
         environment_factory=WordleToolEnv,
@@ -116,7 +133,10 @@ def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_
     tagger = trl_compat.wrap_rollout_worker(
         trainer,
         lambda inner: ReplicaVersionTagger(
-            inner, lambda: transfer.last_version, replica_version_fn
+            inner,
+            lambda: transfer.last_version,
+            replica_version_fn,
+            max_staleness=cfg.max_staleness,
         ),
     )
     return trainer, transfer, tagger
@@ -168,7 +188,8 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
     logs_dir = os.path.join(cfg.run_dir, "logs")
     t_start = time.time()
     try:
-        model_path = prepare_model(cfg, store)
+        base_model, warm_start_s = initial_model(cfg)
+        model_path = prepare_model(cfg, store, base_model)
         env_url = cfg.env_url
         if env_url is None:
             wordle = local_stack.start_wordle(logs_dir)
@@ -199,26 +220,78 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         def replica_version():
             return local_stack.held_version(replica_url)
 
-        trainer, transfer, tagger = build_trainer(cfg, model_path, publisher, replica_version)
-        trainer.add_callback(BucketMetricsCallback(store, cfg.run_id, publisher, tagger))
+        worst = check_context(replica_url, model_path, cfg.max_completion_length)
+        log.info("a full episode fits the replica's context (at most %d tokens)", worst)
+        evals: dict[str, dict] = {}
+        metrics_cb = BucketMetricsCallback(
+            store, cfg.run_id, publisher, log_path=os.path.join(logs_dir, "steps.jsonl")
+        )
+
+        def run_eval(label: str, step: int, version: int | None) -> None:
+            if cfg.eval_episodes <= 0:
+                return
+            t0 = time.time()
+            block = evaluate(
+                replica_url, model_path, env_url, eval_seeds(count=cfg.eval_episodes),
+                cfg.max_completion_length, cfg.eval_temperature,
+            )  # fmt: skip
+            evals[label] = block
+            metrics_cb.add_eval(label, step, version, block)
+            log.info("eval %s (v%s, %.0fs): %s", label, version, time.time() - t0, _fmt_eval(block))
+
+        trainer, transfer, tagger = build_trainer(
+            cfg, model_path, publisher, replica_version, lambda v: run_eval("before", 0, v)
+        )
+        metrics_cb.tagger = tagger
+        trainer.add_callback(metrics_cb)
         for make_callback in callbacks:
             trainer.add_callback(make_callback(ctx))
+        quiet_progress(trainer)
         try:
             trainer.train()
         finally:
             publisher.close()  # idempotent with TRL's destroy(): flush the last publish
-        if cfg.vllm_url and children:  # local replica: let it apply the last version
-            _wait_replica(replica_version, publisher.published[-1].version, timeout_s=120)
+        final = publisher.published[-1].version
+        if cfg.vllm_url:  # let the replica apply the last version (the evaluation needs it)
+            _wait_replica(replica_version, final, timeout_s=300)
+        run_eval("after", trainer.state.global_step, final)
         summary = _summary(cfg, store, publisher, tagger, replica_version, t_start)
+        summary.update(
+            initial_model=base_model,
+            warm_start_s=round(warm_start_s, 1),
+            eval_before=evals.get("before"),
+            eval_after=evals.get("after"),
+            step_s_median=metrics_cb.step_s_median(),
+            stale_fraction=metrics_cb.stale_fraction(),
+        )
         summary["trainer_model_digest"] = _model_digest(trainer.model)
+        summary["replica_bit_exact"] = _replica_bit_exact(summary)
         if before_stop is not None:
             before_stop(ctx, summary)
+        summary["wall_s"] = round(time.time() - t_start, 1)
     finally:
         for child in reversed(children):
             child.stop()
     with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def _fmt_eval(b: dict) -> str:
+    return (
+        f"reward {b['reward_mean']:.3f}+-{b['reward_se']:.3f} win {b['win_rate']:.2f} "
+        f"wellformed {b['wellformed_rate']:.2f} valid {b['valid_guess_rate']:.2f} "
+        f"guesses {b['guesses_mean']:.2f} bad-end {b['bad_end_rate']:.2f}"
+    )
+
+
+def _replica_bit_exact(summary: dict) -> bool | None:
+    """Whether the replica serves the final version and that version's model digest (which the
+    replica verified bit for bit before applying it) equals the digest of the trainer's weights."""
+    if summary.get("final_version_digest") is None:
+        return None
+    same_digest = summary["final_version_digest"] == summary["trainer_model_digest"]
+    return bool(same_digest and summary.get("replica_version") == summary["final_version"])
 
 
 def _summary(cfg, store, publisher, tagger, replica_version_fn, t_start) -> dict:
@@ -241,6 +314,7 @@ def _summary(cfg, store, publisher, tagger, replica_version_fn, t_start) -> dict
         "wall_s": round(time.time() - t_start, 1),
         "reward_first5": _mean(rewards[:5]),
         "reward_last5": _mean(rewards[-5:]),
+        "turns_mean": _mean([s.turns_mean for s in metrics.steps if s.turns_mean is not None]),
         "versions_published": [e.version for e in entries],
         "anchors": [e.version for e in entries if e.anchor is not None],
         "delta_bytes_mean": _mean([e.delta.bytes for e in deltas]),

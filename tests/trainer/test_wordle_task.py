@@ -1,0 +1,158 @@
+"""The local model's tokenizer and the Wordle conversation format: what the warm start trains on is
+token for token what the rollout renders, every word is one token, and the reward never pays for
+stopping early or for a bad move."""
+
+import random
+
+import pytest
+
+from deltasync.wordle import wordlists
+from deltasync.wordle.game import WordleGame
+from trainer import warm_start, wordle_model
+from trainer.wordle_task import (
+    RESET_TEXT,
+    EpisodeStats,
+    call_message,
+    episode_reward,
+    guess_tool,
+    held_out_targets,
+    make_dataset,
+    parse_call,
+    prompt_messages,
+)
+
+
+@pytest.fixture(scope="module")
+def games():
+    return warm_start.solver_games(60, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(games):
+    from deltasync.tiny_model import make_char_tokenizer
+
+    renderer = make_char_tokenizer(wordle_model.chat_template())
+    return wordle_model.build_tokenizer([warm_start.render(g, renderer) for g in games])
+
+
+def _ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_every_answer_is_one_token_and_every_allowed_word_round_trips(tokenizer):
+    answers = set(wordlists.answers())
+    for word in sorted(wordlists.allowed_guesses()):
+        ids = _ids(tokenizer, word)
+        assert tokenizer.decode(ids) == word
+        if word in answers:
+            assert len(ids) == 1, word
+    # a word token is matched on word boundaries only: "cranes" is not "crane" + "s"
+    assert tokenizer.decode(_ids(tokenizer, "[cranes]")) == "[cranes]"
+
+
+def test_tool_call_and_prompt_fit_the_turn_and_context(tokenizer):
+    call = '<tool_call>\n{"name": "guess", "arguments": {"word": "crane"}}\n</tool_call><|im_end|>'
+    ids = _ids(tokenizer, call)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == call
+    assert len(ids) <= 16
+    from trainer.config import TrainConfig
+
+    assert len(ids) <= TrainConfig.max_completion_length
+    prompt = prompt_messages()
+    prompt[-1]["content"] += RESET_TEXT
+    first = tokenizer.apply_chat_template(
+        prompt, tools=[guess_tool()], add_generation_prompt=True, tokenize=True,
+        return_dict=False, enable_thinking=False,
+    )  # fmt: skip
+    assert len(first) <= 400
+
+
+def test_transcript_is_prefix_consistent_with_rollout_rendering(games, tokenizer):
+    """At every assistant turn, the prompt the rollout renders (add_generation_prompt) is a token
+    prefix of the SFT transcript, and the masked tokens that follow are that turn's reply."""
+    for messages in games[:10]:
+        full, mask = warm_start.encode_with_mask(warm_start.render(messages, tokenizer), tokenizer)
+        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        assert sum(mask) > 0
+        for i in turns:
+            prefix = tokenizer.apply_chat_template(
+                messages[:i], tools=[guess_tool()], add_generation_prompt=True, tokenize=True,
+                return_dict=False, enable_thinking=False,
+            )  # fmt: skip
+            assert full[: len(prefix)] == prefix
+            n = len(prefix)
+            assert mask[n - 1] == 0 and mask[n] == 1  # the reply starts right after the prompt
+            end = n
+            while end < len(mask) and mask[end]:
+                end += 1
+            reply = tokenizer.decode(full[n:end], skip_special_tokens=False)
+            assert reply.endswith("<|im_end|>")
+            if messages[i].get("tool_calls"):
+                word = messages[i]["tool_calls"][0]["function"]["arguments"]["word"]
+                assert parse_call(reply) == word
+
+
+def test_solver_games_avoid_evaluation_words_and_play_to_the_end(games):
+    held_out = held_out_targets()
+    for messages in games:
+        words = [
+            m["tool_calls"][0]["function"]["arguments"]["word"]
+            for m in messages
+            if m.get("tool_calls")
+        ]
+        assert words and len(set(words)) == len(words)  # no repeated guess
+        assert "Game over." in messages[-2]["content"]
+        assert all(w in wordlists.allowed_guesses() for w in words)
+    # the dataset's games skip evaluation words too
+    seeds = make_dataset(200)["seed"]
+    assert not {wordlists.target_for_seed(s) for s in seeds} & held_out
+
+
+@pytest.mark.parametrize(
+    "text,word",
+    [
+        ('<tool_call>\n{"name": "guess", "arguments": {"word": "crane"}}\n</tool_call>', "crane"),
+        ('<tool_call>{"name": "guess", "arguments": {"word": ""}}</tool_call>', ""),
+        ('<tool_call>\n{"name": "arose"}}\n</tool_call>', None),
+        ('<tool_call>\n{"name": "guess", "arguments": {"word": 5}}\n</tool_call>', None),
+        ("crane", None),
+        ('"}}\n</tool_call>', None),
+    ],
+)
+def test_parse_call(text, word):
+    assert parse_call(text) == word
+
+
+def _play(words: list[str], target: str = "crane") -> EpisodeStats:
+    """Stats of an episode that sends ``words`` through the real game rules."""
+    from types import SimpleNamespace
+
+    game, stats = WordleGame(target), EpisodeStats()
+    for w in words:
+        r = game.play(f"[{w}]")
+        obs = SimpleNamespace(
+            done=game.done, won=game.won, feedback=list(game.marks),
+            error_code=None if r.invalid is None else r.invalid.code,
+        )  # fmt: skip
+        stats.record(obs)
+    return stats
+
+
+def test_reward_never_pays_for_stopping_early_or_bad_moves():
+    rng = random.Random(0)
+    pool = sorted(wordlists.allowed_guesses() - {"crane"})
+    for _ in range(200):
+        words = rng.sample(pool, 6)
+        full = _play(words)
+        for k in range(1, 6):  # stopping after k guesses (the model wrote no further call)
+            assert episode_reward(_play(words[:k])) < episode_reward(full)
+        bad = _play(words[:2] + ["zzzzz"])  # an invalid move, then the model stops
+        assert episode_reward(bad) < episode_reward(_play(words[:2]))
+    assert episode_reward(_play(["slate", "crane"])) == 1.0
+    assert episode_reward(_play([])) < 0  # no move at all is worse than any move
+
+
+def test_call_message_renders_as_the_rollout_parses_it(tokenizer):
+    messages = prompt_messages() + [call_message("crane")]
+    text = warm_start.render(messages, tokenizer)
+    assert parse_call(text.rsplit("<|im_start|>assistant", 1)[1]) == "crane"

@@ -1,0 +1,233 @@
+"""The warm start of the local default model: supervised fine-tuning on solver transcripts.
+
+A random-init model never emits a well-formed tool call, so GRPO would see no reward differences.
+Before GRPO, :func:`warm_start` builds the task tokenizer (``trainer.wordle_model``), creates a
+small Qwen3 and fine-tunes it on games of the stochastic solver (``trainer.solver``) rendered with
+exactly the chat template, tool schema and tool-response texts the rollout uses, with the loss on
+the assistant turns only. The evaluation words are kept out.
+
+A plain PyTorch loop, not TRL's ``SFTTrainer``: the 2507 template has no ``{% generation %}``
+markers, so ``assistant_only_loss`` would need a patched template, while the assistant spans are
+found directly from the rendered text's offsets here; the loop also packs games into fixed token
+budgets, which is what makes the CPU budget (a few minutes) enough.
+
+The result is cached under ``runs/cache/warm-start-<key>`` where the key hashes every input (this
+file, the solver, the task texts, the word lists, the settings): a second ``make train`` reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger("trainer.warm_start")
+_ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Settings of the warm start (they are part of the cache key).
+
+    Attributes:
+        games: solver games in the SFT set.
+        tokenizer_games: games whose rendered text trains the BPE.
+        epochs: passes over the SFT set.
+        tokens_per_batch: packed tokens per optimizer step.
+        learning_rate: AdamW peak learning rate (linear warm-up 5%, cosine decay to 10%).
+        hidden_size, layers: model size.
+        seed: games, init and data order.
+        threads: torch CPU threads.
+    """
+
+    games: int = 3000
+    tokenizer_games: int = 400
+    epochs: int = 3
+    tokens_per_batch: int = 8192
+    learning_rate: float = 3e-3
+    hidden_size: int = 128
+    layers: int = 2
+    seed: int = 0
+    threads: int = 2
+
+
+def _key(cfg: WarmStartConfig) -> str:
+    from deltasync.wordle import wordlists
+
+    from . import solver, wordle_model, wordle_task
+
+    h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
+    for mod in (solver, wordle_model, wordle_task):
+        with open(mod.__file__, "rb") as f:
+            h.update(f.read())
+    with open(__file__, "rb") as f:
+        h.update(f.read())
+    h.update("\n".join(wordlists.answers()).encode())
+    h.update("\n".join(sorted(wordlists.allowed_guesses())).encode())
+    h.update(wordle_model.chat_template().encode())
+    return h.hexdigest()[:16]
+
+
+def solver_games(n: int, seed: int) -> list[list[dict]]:
+    """``n`` solver games (message lists) on answers that are not evaluation words."""
+    from deltasync.wordle import wordlists
+    from deltasync.wordle.game import WordleGame
+
+    from .wordle_task import held_out_targets, solver_conversation
+
+    rng = random.Random(seed)
+    held_out = held_out_targets()
+    pool = [w for w in wordlists.answers() if w not in held_out]
+    return [solver_conversation(WordleGame(rng.choice(pool)), rng) for _ in range(n)]
+
+
+def render(messages: list[dict], tokenizer) -> str:
+    """A conversation as the rollout renders it (tools, no thinking)."""
+    from .wordle_task import guess_tool
+
+    return tokenizer.apply_chat_template(
+        messages, tools=[guess_tool()], tokenize=False, enable_thinking=False
+    )
+
+
+def encode_with_mask(text: str, tokenizer) -> tuple[list[int], list[int]]:
+    """Token ids of a rendered conversation and a 0/1 mask of the assistant-generated tokens
+    (everything after ``<|im_start|>assistant\\n`` up to and including ``<|im_end|>``)."""
+    spans = [m.span(1) for m in _ASSISTANT.finditer(text)]
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask, j = [], 0
+    for start, _end in enc["offset_mapping"]:
+        while j < len(spans) and spans[j][1] <= start:
+            j += 1
+        mask.append(int(j < len(spans) and spans[j][0] <= start < spans[j][1]))
+    return enc["input_ids"], mask
+
+
+def _batches(seqs, tokens_per_batch: int, rng: random.Random):
+    """Shuffled lists of sequences whose total length stays within ``tokens_per_batch``."""
+    order = list(range(len(seqs)))
+    rng.shuffle(order)
+    batch, used = [], 0
+    for i in order:
+        n = len(seqs[i][0])
+        if batch and used + n > tokens_per_batch:
+            yield batch
+            batch, used = [], 0
+        batch.append(seqs[i])
+        used += n
+    if batch:
+        yield batch
+
+
+def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
+    """Supervised fine-tuning, loss on masked (assistant) tokens only. Returns figures."""
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    steps_per_epoch = sum(1 for _ in _batches(seqs, cfg.tokens_per_batch, random.Random(0)))
+    total = steps_per_epoch * cfg.epochs
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
+    warm = max(1, total // 20)
+
+    def lr_at(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        p = (step - warm) / max(1, total - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    step, t0, tokens, last = 0, time.perf_counter(), 0, None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="warm start (SFT)", unit="step", leave=False)
+    for _epoch in range(cfg.epochs):
+        for batch in _batches(seqs, cfg.tokens_per_batch, rng):
+            width = max(len(ids) for ids, _ in batch)
+            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            labels = torch.full((len(batch), width), -100, dtype=torch.long)
+            attn = torch.zeros((len(batch), width), dtype=torch.long)
+            for r, (x, m) in enumerate(batch):
+                ids[r, : len(x)] = torch.tensor(x)
+                attn[r, : len(x)] = 1
+                lab = torch.tensor(x)
+                lab[torch.tensor(m) == 0] = -100
+                labels[r, : len(x)] = lab
+            # The 7.7k-row lm_head dominates the cost: apply it only where a label is trained.
+            hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
+            target = labels[:, 1:]
+            keep = target != -100
+            logits = model.lm_head(hidden[:, :-1][keep])
+            loss = torch.nn.functional.cross_entropy(logits.float(), target[keep])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            tokens += int(attn.sum())
+            step += 1
+            last = loss.item()
+            bar.update(1)
+            bar.set_postfix(loss=f"{last:.3f}")
+    bar.close()
+    dt = time.perf_counter() - t0
+    return {"steps": step, "loss_last": last, "tokens": tokens, "train_s": dt, "tok_s": tokens / dt}
+
+
+def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str, float]:
+    """The warm-started model folder for the local default (built once, then cached).
+
+    Args:
+        cache_dir: folder of cached models (``runs/cache`` for ``make train``).
+        cfg: the settings (default :class:`WarmStartConfig`).
+
+    Returns:
+        ``(model folder, seconds spent building it)``; 0 seconds when it came from the cache.
+    """
+    import torch
+
+    from deltasync.tiny_model import make_char_tokenizer
+
+    from . import wordle_model
+
+    cfg = cfg or WarmStartConfig()
+    path = os.path.abspath(os.path.join(cache_dir, f"warm-start-{_key(cfg)}"))
+    if os.path.exists(os.path.join(path, "warm_start.json")):
+        log.info("warm start: cached model %s", path)
+        return path, 0.0
+    t0 = time.perf_counter()
+    torch.set_num_threads(cfg.threads)
+    games = solver_games(cfg.games, cfg.seed)
+    renderer = make_char_tokenizer(wordle_model.chat_template())  # renders text only
+    texts = [render(g, renderer) for g in games]
+    tokenizer = wordle_model.build_tokenizer(texts[: cfg.tokenizer_games])
+    seqs = [encode_with_mask(t, tokenizer) for t in texts]
+    model = wordle_model.build_model(path, tokenizer, cfg.seed, cfg.hidden_size, cfg.layers)
+    figures = train_sft(model, seqs, cfg, tokenizer.pad_token_id)
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    wordle_model.save(model, tokenizer, tmp)
+    figures.update(
+        config=asdict(cfg),
+        params=sum(p.numel() for p in model.parameters()),
+        vocab=len(tokenizer),
+        game_tokens_mean=sum(len(s[0]) for s in seqs) / len(seqs),
+        build_s=time.perf_counter() - t0,
+    )
+    with open(os.path.join(tmp, "warm_start.json"), "w") as f:
+        json.dump(figures, f, indent=1)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    log.info(
+        "warm start: %d SFT steps in %.0fs (%.0f tok/s), loss %.3f -> %s",
+        figures["steps"], figures["train_s"], figures["tok_s"], figures["loss_last"], path,
+    )  # fmt: skip
+    return path, figures["build_s"]

