@@ -44,7 +44,9 @@ class TrainConfig:
         max_inflight_tasks: episodes generated concurrently. None: one step's worth
             (``per_device_train_batch_size``), which with ``queue_maxsize`` bounds how far
             generation runs ahead of training and so the share of samples discarded as stale.
-        queue_maxsize: scored samples buffered for the trainer. None: one step's worth.
+        queue_maxsize: scored samples buffered for the trainer. None: one GRPO group
+            (``num_generations``): on 2 cores the trainer, not generation, is the bottleneck, so
+            a longer queue only adds staleness (one step's worth: 29% discarded).
         warm_start_games: solver games in the local model's warm start (``trainer.warm_start``).
         warm_start_epochs: passes over them.
         cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
@@ -75,7 +77,7 @@ class TrainConfig:
     max_steps: int = 30
     learning_rate: float | None = None
     num_generations: int = 8
-    per_device_train_batch_size: int = 32
+    per_device_train_batch_size: int = 16
     max_completion_length: int = 32
     max_tool_calling_iterations: int = 7
     max_staleness: int = 4

@@ -34,7 +34,13 @@ def openers(n: int = 8) -> tuple[str, ...]:
     return tuple(w for _, w in _scores(wordlists.answers())[:n])
 
 
-def solver_guesses(game: WordleGame, rng: random.Random, top_k: int = 3, n_openers: int = 5):
+def solver_guesses(
+    game: WordleGame,
+    rng: random.Random,
+    top_k: int = 3,
+    n_openers: int = 5,
+    explore: float = 0.0,
+):
     """Play ``game`` to its end with the stochastic solver; yields each move's result.
 
     Args:
@@ -42,19 +48,26 @@ def solver_guesses(game: WordleGame, rng: random.Random, top_k: int = 3, n_opene
         rng: the random source (seed it for reproducible games).
         top_k: the solver picks uniformly among this many best consistent words.
         n_openers: the first guess is drawn from this many best openers.
+        explore: probability that a later guess is a random answer not yet played instead (a
+            weak player's move): games then look like a learner's own, longer and less consistent.
 
     Yields:
-        ``(guess, MoveResult)`` for every move, the last one ends the game.
+        ``(guess, MoveResult, explored)`` for every move, the last one ends the game.
     """
     candidates = list(wordlists.answers())
     while not game.done:
+        explored = bool(game.guesses) and rng.random() < explore
         if not game.guesses:
             guess = rng.choice(openers()[:n_openers])
+        elif explored:
+            guess = rng.choice(wordlists.answers())
+            while guess in game.guesses:
+                guess = rng.choice(wordlists.answers())
         else:
             best = _scores(candidates)[:top_k]
             guess = rng.choice(best)[1]
         result = game.play(f"[{guess}]")
-        yield guess, result
+        yield guess, result, explored
         if result.marks is not None:
             candidates = [
                 w for w in candidates if w != guess and rules.feedback(guess, w) == result.marks

@@ -97,10 +97,10 @@ def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_
         max_completion_length=cfg.max_completion_length,
         max_tool_calling_iterations=cfg.max_tool_calling_iterations,
         max_staleness=cfg.max_staleness,
-        # Bounded generation: at most one step's worth of episodes in flight and one step's worth
-        # of scored samples queued, so little is generated that will be discarded as stale.
+        # Bounded generation: at most one step's worth of episodes in flight and one group of
+        # scored samples queued, so little is generated that will be discarded as stale.
         max_inflight_tasks=cfg.max_inflight_tasks or step_samples,
-        queue_maxsize=cfg.queue_maxsize or step_samples,
+        queue_maxsize=cfg.queue_maxsize or cfg.num_generations,
         chat_template_kwargs={"enable_thinking": False},
         gradient_checkpointing=False,  # a small model: recomputation costs more than it saves
         token_budget=cfg.token_budget,

@@ -43,6 +43,10 @@ class WarmStartConfig:
         tokens_per_batch: packed tokens per optimizer step.
         learning_rate: AdamW peak learning rate (linear warm-up 5%, cosine decay to 10%).
         hidden_size, layers: model size.
+        explore: share of the solver's later moves replaced by a random answer (masked out of
+            the loss): the model also learns the teacher's answer on histories like its own,
+            where it otherwise wrote malformed calls (exposure bias; the idea of DAgger, Ross et
+            al. 2011, with the solver as the expert).
         seed: games, init and data order.
         threads: torch CPU threads.
     """
@@ -52,6 +56,7 @@ class WarmStartConfig:
     epochs: int = 3
     tokens_per_batch: int = 8192
     learning_rate: float = 3e-3
+    explore: float = 0.25
     hidden_size: int = 128
     layers: int = 2
     seed: int = 0
@@ -75,8 +80,9 @@ def _key(cfg: WarmStartConfig) -> str:
     return h.hexdigest()[:16]
 
 
-def solver_games(n: int, seed: int) -> list[list[dict]]:
-    """``n`` solver games (message lists) on answers that are not evaluation words."""
+def solver_games(n: int, seed: int, explore: float = 0.0) -> list[list[dict]]:
+    """``n`` solver games (message lists) on answers that are not evaluation words; ``explore``
+    as in ``trainer.solver.solver_guesses``."""
     from deltasync.wordle import wordlists
     from deltasync.wordle.game import WordleGame
 
@@ -85,7 +91,7 @@ def solver_games(n: int, seed: int) -> list[list[dict]]:
     rng = random.Random(seed)
     held_out = held_out_targets()
     pool = [w for w in wordlists.answers() if w not in held_out]
-    return [solver_conversation(WordleGame(rng.choice(pool)), rng) for _ in range(n)]
+    return [solver_conversation(WordleGame(rng.choice(pool)), rng, explore) for _ in range(n)]
 
 
 def render(messages: list[dict], tokenizer) -> str:
@@ -97,10 +103,17 @@ def render(messages: list[dict], tokenizer) -> str:
     )
 
 
-def encode_with_mask(text: str, tokenizer) -> tuple[list[int], list[int]]:
+def encode_with_mask(text: str, tokenizer, trained=None) -> tuple[list[int], list[int]]:
     """Token ids of a rendered conversation and a 0/1 mask of the assistant-generated tokens
-    (everything after ``<|im_start|>assistant\\n`` up to and including ``<|im_end|>``)."""
+    (everything after ``<|im_start|>assistant\\n`` up to and including ``<|im_end|>``).
+
+    Args:
+        trained: one flag per assistant turn, in order; turns flagged False are masked out
+            (default: every turn is trained).
+    """
     spans = [m.span(1) for m in _ASSISTANT.finditer(text)]
+    if trained is not None:
+        spans = [s for s, keep in zip(spans, trained, strict=True) if keep]
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     mask, j = [], 0
     for start, _end in enc["offset_mapping"]:
@@ -108,6 +121,10 @@ def encode_with_mask(text: str, tokenizer) -> tuple[list[int], list[int]]:
             j += 1
         mask.append(int(j < len(spans) and spans[j][0] <= start < spans[j][1]))
     return enc["input_ids"], mask
+
+
+def _trained_turns(messages: list[dict]) -> list[bool]:
+    return [m.get("train", True) for m in messages if m["role"] == "assistant"]
 
 
 def _batches(seqs, tokens_per_batch: int, rng: random.Random):
@@ -205,11 +222,13 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
         return path, 0.0
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.threads)
-    games = solver_games(cfg.games, cfg.seed)
+    games = solver_games(cfg.games, cfg.seed, cfg.explore)
     renderer = make_char_tokenizer(wordle_model.chat_template())  # renders text only
     texts = [render(g, renderer) for g in games]
     tokenizer = wordle_model.build_tokenizer(texts[: cfg.tokenizer_games])
-    seqs = [encode_with_mask(t, tokenizer) for t in texts]
+    seqs = [
+        encode_with_mask(t, tokenizer, _trained_turns(g)) for t, g in zip(texts, games, strict=True)
+    ]
     model = wordle_model.build_model(path, tokenizer, cfg.seed, cfg.hidden_size, cfg.layers)
     figures = train_sft(model, seqs, cfg, tokenizer.pad_token_id)
     tmp = path + ".tmp"

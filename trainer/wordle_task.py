@@ -243,16 +243,17 @@ class WordleToolEnv:
         return None if self._dropped else episode_reward(self.stats)
 
 
-def solver_conversation(game, rng) -> list[dict]:
+def solver_conversation(game, rng, explore: float = 0.0) -> list[dict]:
     """The messages of one game played by ``trainer.solver`` in the format TRL builds during
     rollouts: prompt (reset text appended), then per move a ``guess`` call and the tool's reply,
-    and a final short assistant message once the game is over."""
+    and a final short assistant message once the game is over. Exploratory moves (see
+    ``solver_guesses``) carry ``"train": False``: they shape the history, not the lesson."""
     from .solver import solver_guesses
 
     messages = prompt_messages()
     messages[-1] = {**messages[-1], "content": messages[-1]["content"] + RESET_TEXT}
-    for word, result in solver_guesses(game, rng):
-        messages.append(call_message(word))
+    for word, result, explored in solver_guesses(game, rng, explore=explore):
+        messages.append({**call_message(word), "train": not explored})
         messages.append(
             {"role": "tool", "name": "guess", "content": tool_reply(result.reply, game.done)}
         )

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -39,6 +40,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from .sync_loop import SyncLoop
+
+log = logging.getLogger("rollout.server")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -332,8 +335,9 @@ def create_app(
             k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST_HEADERS
         }
         # The URL is the allow-list constant `route`; nothing of the request's path or query.
-        req = upstream().build_request(request.method, route, headers=headers, content=body)
-        r = await upstream().send(req, stream=True)
+        r = await _send_upstream(request.method, route, headers, body)
+        if isinstance(r, Response):
+            return r
         out_headers = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_HEADERS}
         if route == "/v1/models":
             try:
@@ -346,6 +350,25 @@ def create_app(
         return StreamingResponse(
             r.aiter_raw(), r.status_code, out_headers, background=BackgroundTask(r.aclose)
         )
+
+    async def _send_upstream(method: str, route: str, headers: dict, body: bytes):
+        """Send to vLLM; a transport error (vLLM closed a pooled keep-alive connection as it was
+        reused, or restarted) is retried once on a new connection, as no response byte came
+        back; a second one is answered 502 with Retry-After instead of a 500 traceback."""
+        for attempt in (1, 2):
+            req = upstream().build_request(method, route, headers=headers, content=body)
+            try:
+                return await upstream().send(req, stream=True)
+            except httpx.TransportError as e:
+                if attempt == 2:
+                    log.warning("vLLM did not answer %s twice: %r", route, e)
+                    return JSONResponse(
+                        {
+                            "error": f"the replica's engine did not answer ({type(e).__name__}); retry"
+                        },
+                        status_code=502,
+                        headers={"Retry-After": "1"},
+                    )
 
     def endpoint_for(route: str) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:

@@ -117,7 +117,7 @@ class SyncLoop:
         error_poll_interval_s: seconds between polls while the bucket is unreadable as
             configured (bad token, missing bucket).
         heartbeat_min_gap_s: least seconds between two heartbeat writes (default 0 on a local
-            folder, 30 elsewhere: each write is a Hub API request).
+            folder, 60 elsewhere: each write costs 2 Hub API requests).
         clock: monotonic seconds (tests pass a simulated clock).
 
     Raises (from ``start``/``connect``):
@@ -155,7 +155,7 @@ class SyncLoop:
             max(heartbeat_interval_s, 60.0) if remote else heartbeat_interval_s
         )
         self.heartbeat_min_gap_s = (
-            heartbeat_min_gap_s if heartbeat_min_gap_s is not None else (30.0 if remote else 0.0)
+            heartbeat_min_gap_s if heartbeat_min_gap_s is not None else (60.0 if remote else 0.0)
         )
         self._clock = clock
         self._delay = poll_interval_s  # the wait before the next poll (adaptive)
