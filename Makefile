@@ -13,7 +13,7 @@ ARCH := $(shell uname -m)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1 || echo 0)
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast lint format bench train eval e2e dashboard spaces clean
+.PHONY: setup test test-fast lint format bench train eval e2e dashboard spaces spaces-down clean
 
 setup: $(STAMP)
 
@@ -73,6 +73,12 @@ dashboard: setup
 # Needs HF_TOKEN (write access): creates the bucket and the rollout, Wordle and dashboard Spaces.
 spaces: setup
 	$(PY) -m deltasync.deploy $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(MODEL),--model "$(MODEL)") \
+	  $(if $(DRY_RUN),--dry-run) $(SPACES_ARGS)
+
+# make spaces-down BUCKET=user/name [DRY_RUN=1] [SPACES_ARGS="--rollout-space NAME"]
+# Pauses the rollout (GPU) Space(s) so they stop billing; prints how to restart them.
+spaces-down: setup
+	$(PY) -m deltasync.deploy --down $(if $(BUCKET),--bucket "$(BUCKET)") \
 	  $(if $(DRY_RUN),--dry-run) $(SPACES_ARGS)
 
 clean:

@@ -7,15 +7,24 @@
    Spaces (``create_repo``), or duplicates them from ``--from-owner``'s Spaces (``duplicate_repo``),
    private unless ``--public`` is given (clients then send ``Authorization: Bearer $HF_TOKEN``);
 3. sets each Space's secrets (``HF_TOKEN``; ``CONTROL_TOKEN`` for the rollout Space) and variables
-   (``DELTASYNC_STORE``/``BUCKET``, ``MODEL``, ``POLL_INTERVAL_S``), then requests its hardware;
+   (``DELTASYNC_STORE``/``BUCKET``, ``MODEL``, ``POLL_INTERVAL_S``), then requests its hardware,
+   with a sleep time (default 1 hour of inactivity) on paid hardware such as the rollout GPU;
 4. uploads each Space folder together with the ``deltasync`` package it installs, in the layout its
    Dockerfile expects (the repository root's): ``Dockerfile`` and ``README.md`` (front matter) at
    the Space root, ``pyproject.toml``, ``shared/deltasync/`` and ``spaces/<space>/``;
 5. waits until every Space reports RUNNING, then prints the ``make train ...`` line to run next.
 
+Tokens, least privilege first: ``HF_TOKEN`` (the deploy token) creates everything; the Spaces get
+``SPACE_HF_TOKEN`` (``--space-token``) as their ``HF_TOKEN`` secret, and the dashboard
+``DASHBOARD_HF_TOKEN`` (``--dashboard-token``, read-only is enough) where given. Without them the
+deploy token is reused and a warning says how to make a narrower one.
+
+``--down`` (``make spaces-down``) pauses the rollout Space(s) so that they stop billing, and says
+how to restart them.
+
 ``--dry-run`` prints every Hub call it would make (secrets masked) and makes none. Secret values are
-never printed or logged. huggingface_hub is imported only when a deploy runs, so importing
-``deltasync`` stays light.
+never printed, logged or written (the generated CONTROL_TOKEN alone is kept, in a 0600 file).
+huggingface_hub is imported only when a deploy runs, so importing ``deltasync`` stays light.
 """
 
 from __future__ import annotations
@@ -36,6 +45,10 @@ from .errors import DeltaSyncError
 
 MASK = "***"
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+# Seconds of inactivity after which a Space on paid hardware sleeps (and stops billing).
+DEFAULT_SLEEP_TIME_S = 3600
+FREE_HARDWARE = ("cpu-basic",)  # sleeps after 48 h by itself; its sleep time cannot be set
+TOKENS_URL = "https://huggingface.co/settings/tokens/new?tokenType=fineGrained"
 # Stages after which a Space will not become RUNNING by itself.
 FAILED_STAGES = ("BUILD_ERROR", "RUNTIME_ERROR", "CONFIG_ERROR", "NO_APP_FILE", "DELETING",
                  "STOPPED", "PAUSED")  # fmt: skip
@@ -65,7 +78,8 @@ class SpaceSpec:
         hardware: the flavor to request (``SpaceHardware`` value, e.g. "l4x1", "cpu-basic").
         variables: Space variables (plain environment variables, visible on the Hub).
         secrets: Space secrets by name; values are never printed.
-        sleep_time_s: seconds of inactivity before the Space sleeps; None: the Hub's default.
+        sleep_time_s: seconds of inactivity before the Space sleeps (stops billing); -1:
+            never; None: the Hub's default (free hardware sleeps after 48 h, paid never).
     """
 
     key: str
@@ -95,10 +109,17 @@ class DeployConfig:
             them, so clients send ``Authorization: Bearer $HF_TOKEN``); False (``--public``):
             anyone can reach them, and a public rollout Space lets anyone generate on its GPU.
         private_bucket: create the bucket private (the Spaces read it with their HF_TOKEN).
-        space_token: the HF_TOKEN secret given to the Spaces (bucket read access); None: ``token``.
+        space_token: the HF_TOKEN secret given to the Spaces (``SPACE_HF_TOKEN``): read and write
+            on the bucket is enough (the rollout Space writes its heartbeat); None: ``token``,
+            with a warning.
+        dashboard_token: the dashboard's HF_TOKEN secret (``DASHBOARD_HF_TOKEN``; read access to
+            the bucket is enough); None: ``space_token``.
         control_token: the rollout Space's CONTROL_TOKEN; None: generate one.
         poll_interval_s: the rollout Space's manifest poll interval in seconds.
-        rollout_sleep_time_s: seconds of inactivity before the GPU Space sleeps; None: never.
+        sleep_time_s: seconds of inactivity before a Space on paid hardware (the rollout
+            GPU) sleeps and stops billing; a new visitor wakes it. -1: never sleep (it bills
+            until paused); None: leave the Hub's setting.
+        rollout_spaces: the Space names ``--down`` pauses; empty: ``<prefix>-rollout``.
         wait: wait until every Space is RUNNING.
         timeout_s: seconds to wait for all Spaces (a vLLM image build takes 10-30 minutes).
         check_every_s: seconds between runtime checks while waiting.
@@ -121,9 +142,11 @@ class DeployConfig:
     private_spaces: bool = True
     private_bucket: bool = True
     space_token: str | None = field(default=None, repr=False)
+    dashboard_token: str | None = field(default=None, repr=False)
     control_token: str | None = field(default=None, repr=False)
     poll_interval_s: float = 1.0
-    rollout_sleep_time_s: int | None = None
+    sleep_time_s: int | None = DEFAULT_SLEEP_TIME_S
+    rollout_spaces: tuple[str, ...] = ()
     wait: bool = True
     timeout_s: float = 3600.0
     check_every_s: float = 10.0
@@ -136,6 +159,10 @@ class DeployConfig:
             raise ValueError(
                 "expected poll_interval_s, timeout_s and check_every_s > 0, found "
                 f"{self.poll_interval_s}, {self.timeout_s}, {self.check_every_s}"
+            )
+        if self.sleep_time_s is not None and self.sleep_time_s != -1 and self.sleep_time_s <= 0:
+            raise ValueError(
+                f"expected --sleep-time SECONDS > 0 (or -1: never sleep), found {self.sleep_time_s}"
             )
         if self.bucket.count("/") > 1 or not self.bucket.strip("/"):
             raise ValueError(f"expected --bucket NAME or OWNER/NAME, found {self.bucket!r}")
@@ -328,9 +355,14 @@ class Deployer:
         c = self.cfg
         store_uri = f"hf://buckets/{owner}/{c.bucket_name}"
         space_token = c.space_token or c.token or ""
+        dashboard_token = c.dashboard_token or space_token
         if c.control_token is None:
             c.control_token = secrets.token_urlsafe(32)
             self.control_token_generated = True
+
+        def sleep(hardware: str) -> int | None:
+            return None if hardware in FREE_HARDWARE else c.sleep_time_s
+
         return [
             SpaceSpec(
                 "rollout",
@@ -343,18 +375,45 @@ class Deployer:
                     "POLL_INTERVAL_S": f"{c.poll_interval_s:g}",
                 },
                 {"HF_TOKEN": space_token, "CONTROL_TOKEN": c.control_token},
-                c.rollout_sleep_time_s,
+                sleep(c.rollout_hardware),
             ),
-            SpaceSpec("wordle", "spaces/wordle-env", f"{c.prefix}-wordle", c.wordle_hardware),
+            SpaceSpec(
+                "wordle",
+                "spaces/wordle-env",
+                f"{c.prefix}-wordle",
+                c.wordle_hardware,
+                sleep_time_s=sleep(c.wordle_hardware),
+            ),
             SpaceSpec(
                 "dashboard",
                 "spaces/dashboard",
                 f"{c.prefix}-dashboard",
                 c.dashboard_hardware,
                 {"BUCKET": store_uri},
-                {"HF_TOKEN": space_token},
+                {"HF_TOKEN": dashboard_token},
+                sleep(c.dashboard_hardware),
             ),
         ]
+
+    def token_warning(self, owner: str) -> str | None:
+        """One line when a Space would get the deploy token itself as its HF_TOKEN secret (it can
+        write every repo of the account): which Spaces, and how to make a narrower token. None when
+        every Space gets a token of its own. Never contains a token."""
+        c = self.cfg
+        space = c.space_token or c.token
+        dashboard = c.dashboard_token or space
+        reused = [k for k, t in (("rollout", space), ("dashboard", dashboard))
+                  if t is None or t == c.token]  # fmt: skip
+        if not reused:
+            return None
+        bucket = f"{owner}/{c.bucket_name}"
+        spaces = " and ".join(reused) + (" Spaces get" if len(reused) > 1 else " Space gets")
+        return (
+            f"warning: the {spaces} your deploy token (HF_TOKEN) as their HF_TOKEN secret, which can write every repo of your "
+            f"account; create a fine-grained token at {TOKENS_URL} limited to bucket {bucket} "
+            "(read and write for the rollout Space, read for the dashboard) and pass it as "
+            "SPACE_HF_TOKEN (and a read-only one as DASHBOARD_HF_TOKEN)"
+        )
 
     def plan(self, owner: str) -> list[HubCall]:
         """Every Hub call of the deploy, in order (the waiting that follows is not included)."""
@@ -475,6 +534,9 @@ class Deployer:
         tag = "would call: " if dry_run else ""
         if dry_run:
             self._print(f"dry run: no Hub call is made; HfApi(token={MASK!r})")
+        warning = self.token_warning(owner)
+        if warning:
+            self._print(warning)
         for call in calls:
             if call.stage is None:
                 self._print(tag + call.render())
@@ -500,6 +562,67 @@ class Deployer:
         self._print("\nNext, train against them:\n")
         self._print(f"  {line}\n")
         return line
+
+    def down(self, dry_run: bool = False) -> list[str]:
+        """Pause the rollout Space(s) (``pause_space``): a paused Space bills nothing until it is
+        restarted. Prints how to restart them.
+
+        Returns:
+            The paused Spaces' repo ids.
+
+        Raises:
+            DeployError: no HF_TOKEN (except in a dry run), or a Space that does not exist or that
+                this token may not pause; the message names the Space and what to check.
+        """
+        c = self.cfg
+        if not c.token and not dry_run:
+            raise DeployError(
+                "HF_TOKEN is not set: pausing a Space needs a token of its owner with write "
+                "access; run `HF_TOKEN=hf_... make spaces-down BUCKET=<owner>/<bucket>`"
+            )
+        owner = self.owner
+        if owner is None:
+            if dry_run:
+                owner = "<your-username>"
+                self._print("would call: whoami()  (pass --owner to name the account)")
+            else:
+                self._print("whoami()")
+                owner = self.api.whoami()["name"]
+        self.owner = owner
+        names = list(c.rollout_spaces) or [f"{c.prefix}-rollout"]
+        repo_ids = [f"{owner}/{n}" for n in names]
+        tag = "would call: " if dry_run else ""
+        if dry_run:
+            self._print(f"dry run: no Hub call is made; HfApi(token={MASK!r})")
+        for repo_id in repo_ids:
+            call = HubCall("pause_space", dict(repo_id=repo_id))
+            self._print(tag + call.render())
+            if dry_run:
+                continue
+            try:
+                self.api.pause_space(repo_id=repo_id)
+            except Exception as e:
+                status = getattr(getattr(e, "response", None), "status_code", None)
+                if status not in (401, 403, 404) and type(e).__name__ not in (
+                    "RepositoryNotFoundError",
+                    "GatedRepoError",
+                ):
+                    raise
+                raise DeployError(
+                    f"expected Space {repo_id} that this HF_TOKEN may pause, found "
+                    f"{status or type(e).__name__}: check --bucket/--owner and --prefix (or "
+                    "--rollout-space NAME), and that HF_TOKEN is a write token of the Space's "
+                    "owner"
+                ) from e
+        verb = "would be paused" if dry_run else "paused"
+        self._print(f"\n{verb}: {', '.join(repo_ids)} (a paused Space bills nothing).")
+        self._print("Restart later (billing resumes; vLLM reloads the model and re-anchors):")
+        for repo_id in repo_ids:
+            self._print(
+                f"  hf spaces restart {repo_id}   (or the Restart button at "
+                f"https://huggingface.co/spaces/{repo_id}/settings)"
+            )
+        return repo_ids
 
     def _save_control_token(self, owner: str, space: str) -> None:
         """Keep a generated CONTROL_TOKEN in a 0600 file under runs/ (its value is not printed)."""
@@ -579,7 +702,8 @@ class Deployer:
             "RUNTIME_ERROR": "the container exited or failed its health check",
             "CONFIG_ERROR": "the README front matter is invalid",
             "NO_APP_FILE": "the Space has no Dockerfile at its root",
-            "PAUSED": "the Space is paused: restart it from its settings",
+            "PAUSED": f"the Space is paused (make spaces-down): `hf spaces restart {repo_id}` "
+            "or restart it from its settings",
             "STOPPED": "the Space is stopped: restart it from its settings",
             "DELETING": "the Space is being deleted",
         }.get(stage, "")
@@ -605,19 +729,48 @@ def _mmss(seconds: float) -> str:
 
 
 def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None) -> tuple:
-    """(DeployConfig, dry_run) from flags, with ``HF_TOKEN``, ``SPACES_HF_TOKEN`` and
-    ``CONTROL_TOKEN`` read from ``env`` (default ``os.environ``)."""
+    """(DeployConfig, dry_run, down) from flags, with ``HF_TOKEN``, ``SPACE_HF_TOKEN`` (or the
+    older ``SPACES_HF_TOKEN``), ``DASHBOARD_HF_TOKEN`` and ``CONTROL_TOKEN`` read from ``env``
+    (default ``os.environ``); ``--space-token``/``--dashboard-token`` win over the environment."""
     env = os.environ if env is None else env
     d = DeployConfig()
     p = argparse.ArgumentParser(
         prog="python -m deltasync.deploy",
         description="Create the bucket and the rollout, Wordle and dashboard Spaces on the "
         "Hugging Face Hub (HF_TOKEN with write access), wait until they run, and print the "
-        "`make train` line. SPACES_HF_TOKEN (optional): the token the Spaces get as HF_TOKEN "
-        "(bucket read access), default HF_TOKEN. CONTROL_TOKEN (optional): the rollout Space's "
-        "control token, default a new random one saved under runs/spaces/.",
+        "`make train` line; or with --down pause the rollout Space(s). SPACE_HF_TOKEN "
+        "(optional, recommended): the token the Spaces get as their HF_TOKEN secret (read and "
+        "write on the bucket only), default HF_TOKEN with a warning. DASHBOARD_HF_TOKEN "
+        "(optional): a read-only token for the dashboard, default SPACE_HF_TOKEN. CONTROL_TOKEN "
+        "(optional): the rollout Space's control token, default a new random one saved under "
+        "runs/spaces/.",
     )
     p.add_argument("--dry-run", action="store_true", help="print every Hub call, make none")
+    p.add_argument(
+        "--down",
+        action="store_true",
+        help="pause the rollout Space(s) instead of deploying (a paused Space bills nothing)",
+    )
+    p.add_argument(
+        "--rollout-space",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --down: a rollout Space to pause (repeatable; default PREFIX-rollout)",
+    )
+    p.add_argument(
+        "--space-token",
+        default=None,
+        metavar="TOKEN",
+        help="the Spaces' HF_TOKEN secret (prefer the SPACE_HF_TOKEN variable: flags are "
+        "visible to other local users)",
+    )
+    p.add_argument(
+        "--dashboard-token",
+        default=None,
+        metavar="TOKEN",
+        help="the dashboard's read-only HF_TOKEN secret (prefer DASHBOARD_HF_TOKEN)",
+    )
     p.add_argument("--owner", default=None, help="account to deploy into (default: the token's)")
     p.add_argument("--bucket", default=d.bucket, help="bucket NAME or OWNER/NAME")
     p.add_argument("--model", default=d.model, help="model the rollout Space serves")
@@ -637,12 +790,23 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     )
     p.add_argument("--public-bucket", action="store_true", help="create a public bucket")
     p.add_argument("--poll-interval-s", type=float, default=d.poll_interval_s)
-    p.add_argument("--rollout-sleep-time-s", type=int, default=None, help="GPU Space sleep")
+    p.add_argument(
+        "--sleep-time",
+        "--rollout-sleep-time-s",
+        dest="sleep_time",
+        type=int,
+        default=d.sleep_time_s,
+        metavar="SECONDS",
+        help="a Space on paid hardware (the rollout GPU) sleeps after this many seconds of "
+        f"inactivity and stops billing; -1: never (default {d.sleep_time_s})",
+    )
     p.add_argument("--no-wait", action="store_true", help="do not wait for RUNNING")
     p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="wait at most this")
     p.add_argument("--check-every-s", type=float, default=d.check_every_s)
     p.add_argument("--repo-root", default=".", help="the deltasync checkout to upload from")
     a = p.parse_args(argv)
+    if a.rollout_space and not a.down:
+        p.error("--rollout-space names Spaces to pause: use it with --down")
     if a.public and a.private_spaces:
         p.error("--public and --private-spaces contradict each other; give one of them")
     try:
@@ -658,10 +822,15 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
             from_owner=a.from_owner,
             private_spaces=not a.public,
             private_bucket=not a.public_bucket,
-            space_token=env.get("SPACES_HF_TOKEN") or None,
+            space_token=a.space_token
+            or env.get("SPACE_HF_TOKEN")
+            or env.get("SPACES_HF_TOKEN")
+            or None,
+            dashboard_token=a.dashboard_token or env.get("DASHBOARD_HF_TOKEN") or None,
             control_token=env.get("CONTROL_TOKEN") or None,
             poll_interval_s=a.poll_interval_s,
-            rollout_sleep_time_s=a.rollout_sleep_time_s,
+            sleep_time_s=a.sleep_time,
+            rollout_spaces=tuple(a.rollout_space),
             wait=not a.no_wait,
             timeout_s=a.timeout_s,
             check_every_s=a.check_every_s,
@@ -669,14 +838,18 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
         )
     except ValueError as e:
         p.error(str(e))
-    return cfg, a.dry_run
+    return cfg, a.dry_run, a.down
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m deltasync.deploy``; returns the exit status."""
-    cfg, dry_run = parse_args(argv)
+    cfg, dry_run, down = parse_args(argv)
     try:
-        Deployer(cfg).run(dry_run=dry_run)
+        deployer = Deployer(cfg)
+        if down:
+            deployer.down(dry_run=dry_run)
+        else:
+            deployer.run(dry_run=dry_run)
     except DeployError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

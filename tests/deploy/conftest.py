@@ -61,6 +61,7 @@ class FakeHfApi:
     add_space_secret = _record("add_space_secret")
     add_space_variable = _record("add_space_variable")
     request_space_hardware = _record("request_space_hardware")
+    pause_space = _record("pause_space")
 
     def upload_folder(self, **kwargs):
         self.calls.append(("upload_folder", kwargs))

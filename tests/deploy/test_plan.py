@@ -43,7 +43,10 @@ def test_dry_run_prints_every_call_in_order_and_makes_none(make_deployer):
         "create_repo(repo_id='alice/deltasync-rollout', repo_type='space', space_sdk='docker', "
         "private=True, exist_ok=True)" in text
     )
-    assert "request_space_hardware(repo_id='alice/deltasync-rollout', hardware='l4x1')" in text
+    assert (
+        "request_space_hardware(repo_id='alice/deltasync-rollout', hardware='l4x1', "
+        "sleep_time=3600)" in text
+    )
     assert "request_space_hardware(repo_id='alice/deltasync-wordle', hardware='cpu-basic')" in text
     assert "key='DELTASYNC_STORE', value='hf://buckets/alice/deltasync-run'" in text
     assert "key='MODEL', value='Qwen/Qwen3-0.6B'" in text
@@ -129,11 +132,11 @@ def test_front_matter_of_every_space_readme():
 
 
 def test_parse_args_reads_tokens_from_env_and_bucket_owner():
-    cfg, dry = parse_args(
+    cfg, dry, down = parse_args(
         ["--bucket", "bob/run1", "--rollout-hardware", "a10g-small", "--dry-run"],
         env={"HF_TOKEN": "hf_x", "CONTROL_TOKEN": "c"},
     )
-    assert dry and cfg.owner == "bob" and cfg.bucket_name == "run1"
+    assert dry and not down and cfg.owner == "bob" and cfg.bucket_name == "run1"
     assert cfg.token == "hf_x" and cfg.control_token == "c" and cfg.rollout_hardware == "a10g-small"
     assert "hf_x" not in repr(cfg)
 
