@@ -186,6 +186,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
     store = Store(store_uri, **storage)
     children: list[local_stack.Child] = []
     logs_dir = os.path.join(cfg.run_dir, "logs")
+    file_log = local_stack.log_to_file(os.path.join(logs_dir, "trainer.log"))
     t_start = time.time()
     try:
         base_model, warm_start_s = initial_model(cfg)
@@ -272,6 +273,8 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
     finally:
         for child in reversed(children):
             child.stop()
+        logging.getLogger().removeHandler(file_log)
+        file_log.close()
     with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
