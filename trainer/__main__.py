@@ -2,6 +2,8 @@
 
 import json
 import logging
+import signal
+import sys
 
 from .config import from_args
 from .local_stack import quiet_libraries
@@ -13,6 +15,8 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     quiet_libraries()
+    # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so that run() stops its child servers.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     summary = run(from_args())
     print(json.dumps(summary, indent=1))
 

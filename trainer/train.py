@@ -130,6 +130,7 @@ def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_
         weight_transfer=transfer,
     )
     state["trainer"] = trainer
+    trl_compat.bound_score_queue(trainer, groups=1)
     tagger = trl_compat.wrap_rollout_worker(
         trainer,
         lambda inner: ReplicaVersionTagger(

@@ -11,8 +11,13 @@ CPU; see ../shared/NOTES-trl.md):
    same ``flash_attn_varlen_func`` signature, computed with ``torch.nn.functional.
    scaled_dot_product_attention`` one packed segment at a time (exact, slow; fine for tiny models).
 
-A third, the rollout child's ``add_response_schema``, accepts only known chat templates: the tiny
-model carries TRL's own Qwen3 template (``deltasync.tiny_model``), so nothing is patched for it.
+A third, the rollout child's ``add_response_schema``, accepts only known chat templates: the local
+model carries TRL's own Qwen3 template (``trainer.wordle_model``), so nothing is patched for it.
+
+A fourth is not CPU-specific: the rollout child buffers up to 16 finished GRPO groups waiting to be
+scored (``score_queue_maxsize``, not exposed by ``AsyncGRPOConfig``) on top of ``queue_maxsize``;
+generation runs that far ahead, the samples come out 4-5 versions stale, and on a 2-core machine
+vLLM's generation takes the CPU the training step needs. :func:`bound_score_queue` sets it.
 
 ``apply()`` checks the TRL version and that each patched attribute exists, and raises
 ``TRLCompatError`` if TRL changed under us: revisit these patches when upgrading TRL.
@@ -94,6 +99,32 @@ def apply() -> list[str]:
     patched += ["get_peak_flops_per_device -> None (no CUDA)", "tree_fa3 kernel -> CPU SDPA"]
     log.info("TRL %s CPU workarounds: %s", TRL_VERSION, "; ".join(patched))
     return patched
+
+
+def bound_score_queue(trainer, groups: int) -> bool:
+    """Let at most ``groups`` finished GRPO groups wait for scoring in TRL's rollout child (TRL's
+    default is 16), through the worker's constructor arguments (``_loop_kwargs``), before
+    ``train()`` spawns the child. Returns False on other ranks (no worker).
+
+    Raises:
+        TRLCompatError: TRL's worker no longer takes ``score_queue_maxsize`` this way.
+    """
+    import inspect
+
+    from trl.experimental.async_grpo import async_rollout_worker
+
+    worker = getattr(trainer, "rollout_worker", None)
+    if worker is None:
+        return False
+    kwargs = getattr(worker, "_loop_kwargs", None)
+    params = inspect.signature(async_rollout_worker._AsyncRolloutLoop.__init__).parameters
+    if not isinstance(kwargs, dict) or "score_queue_maxsize" not in params:
+        raise TRLCompatError(
+            "TRL's rollout worker no longer takes score_queue_maxsize through _loop_kwargs: "
+            "TRL changed, re-check trl_compat.bound_score_queue"
+        )
+    kwargs["score_queue_maxsize"] = groups
+    return True
 
 
 def wrap_rollout_worker(trainer, wrap):

@@ -51,3 +51,20 @@ def test_sliding_window_refused():
     cu = torch.tensor([0, 2])
     with pytest.raises(trl_compat.TRLCompatError, match="sliding"):
         trl_compat._CpuFlashAttn.flash_attn_varlen_func(z, z, z, cu, cu, 2, 2, window_size=(4, 0))
+
+
+def test_bound_score_queue_reaches_the_rollout_loop_arguments():
+    """The setting lands where TRL's worker builds its rollout loop from (checked against the
+    loop's real signature), and a TRL that changed shape is refused loudly."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from trainer.trl_compat import TRLCompatError, bound_score_queue
+
+    trainer = SimpleNamespace(rollout_worker=SimpleNamespace(_loop_kwargs={"num_generations": 8}))
+    assert bound_score_queue(trainer, groups=1)
+    assert trainer.rollout_worker._loop_kwargs == {"num_generations": 8, "score_queue_maxsize": 1}
+    assert not bound_score_queue(SimpleNamespace(rollout_worker=None), groups=1)
+    with pytest.raises(TRLCompatError, match="score_queue_maxsize"):
+        bound_score_queue(SimpleNamespace(rollout_worker=SimpleNamespace()), groups=1)
