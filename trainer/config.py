@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field, fields
+from urllib.parse import urlparse
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen3-0.6B"
 TINY = "tiny"
@@ -66,7 +67,9 @@ class TrainConfig:
         takeover: take over the bucket run even if another trainer's lease looks fresh.
         seed: seed of the model init, the data order and the games.
         runs_root: folder of local run folders (``<runs_root>/<run_id>``: model, bucket, logs).
-        hf_token: for hf:// buckets; from ``HF_TOKEN``, never logged.
+        hf_token: for hf:// buckets and private Spaces; from ``HF_TOKEN``, never logged.
+        rollout_api_key: the replica's ``ROLLOUT_API_KEY`` (replicas outside Spaces); from
+            ``ROLLOUT_API_KEY``, never logged.
     """
 
     bucket: str | None = None
@@ -100,6 +103,7 @@ class TrainConfig:
     seed: int = 0
     runs_root: str = "runs"
     hf_token: str | None = field(default=None, repr=False)
+    rollout_api_key: str | None = field(default=None, repr=False)
 
     @property
     def local(self) -> bool:
@@ -120,6 +124,17 @@ class TrainConfig:
 
     def model_id(self) -> str:
         return self.model or (TINY if self.local else DEFAULT_HUB_MODEL)
+
+    def rollout_headers(self, url: str) -> dict[str, str]:
+        """Headers for requests to the replica at ``url``: ``Bearer <rollout_api_key>`` when one
+        is configured, else ``Bearer <hf_token>`` for a ``*.hf.space`` URL (a private Space),
+        else none. The HF token is never sent to other hosts."""
+        if self.rollout_api_key:
+            return {"Authorization": f"Bearer {self.rollout_api_key}"}
+        host = urlparse(url).hostname or ""
+        if self.hf_token and host.endswith(".hf.space"):
+            return {"Authorization": f"Bearer {self.hf_token}"}
+        return {}
 
     def lr(self) -> float:
         """The learning rate (see ``learning_rate``)."""
@@ -153,7 +168,7 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
         "max_steps": int(os.environ["STEPS"]) if os.environ.get("STEPS") else None,
     }
     for f in fields(TrainConfig):
-        if f.name == "hf_token":
+        if f.name in ("hf_token", "rollout_api_key"):
             continue
         kind = {bool: _parse_bool, int: int, float: float}.get(type(f.default), str)
         if f.name in _OPTIONAL_NUMBERS:
@@ -164,4 +179,8 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     kw.update({k: v for k, v in vars(ns).items() if v is not None})
     if kw.get("bucket") and "run_id" not in kw:
         kw["run_id"] = kw["bucket"].rstrip("/").split("/")[-1]
-    return TrainConfig(hf_token=os.environ.get("HF_TOKEN") or None, **kw)
+    return TrainConfig(
+        hf_token=os.environ.get("HF_TOKEN") or None,
+        rollout_api_key=os.environ.get("ROLLOUT_API_KEY") or None,
+        **kw,
+    )

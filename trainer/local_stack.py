@@ -186,9 +186,10 @@ def _client() -> httpx.Client:
     return _http
 
 
-def held_version(replica_url: str) -> int | None:
-    """The version a replica serves, from its ``GET /health`` (None before its first sync)."""
-    return _client().get(f"{replica_url}/health").json().get("held_version")
+def held_version(replica_url: str, headers: dict | None = None) -> int | None:
+    """The version a replica serves, from its ``GET /health`` (None before its first sync);
+    ``headers``: e.g. the ``Authorization`` of a private Space."""
+    return _client().get(f"{replica_url}/health", headers=headers).json().get("held_version")
 
 
 def wait_version(replica_url: str, version: int, timeout_s: float) -> None:

@@ -218,11 +218,12 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         for child in children:
             child.wait_healthy(900)
         replica_url = cfg.vllm_url
+        headers = cfg.rollout_headers(replica_url)
 
         def replica_version():
-            return local_stack.held_version(replica_url)
+            return local_stack.held_version(replica_url, headers)
 
-        worst = check_context(replica_url, model_path, cfg.max_completion_length)
+        worst = check_context(replica_url, model_path, cfg.max_completion_length, headers)
         log.info("a full episode fits the replica's context (at most %d tokens)", worst)
         evals: dict[str, dict] = {}
         metrics_cb = BucketMetricsCallback(
@@ -235,7 +236,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             t0 = time.time()
             block = evaluate(
                 replica_url, model_path, env_url, eval_seeds(count=cfg.eval_episodes),
-                cfg.max_completion_length, cfg.eval_temperature,
+                cfg.max_completion_length, cfg.eval_temperature, headers=headers,
             )  # fmt: skip
             evals[label] = block
             metrics_cb.add_eval(label, step, version, block)
@@ -245,6 +246,8 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             cfg, model_path, publisher, replica_version, lambda v: run_eval("before", 0, v)
         )
         metrics_cb.tagger = tagger
+        if headers:
+            trl_compat.authorize_rollouts(trainer, headers["Authorization"])
         trainer.add_callback(metrics_cb)
         for make_callback in callbacks:
             trainer.add_callback(make_callback(ctx))

@@ -22,20 +22,12 @@ import importlib.util
 import os
 from typing import Any
 
+from deltasync import tiny_model
 from deltasync.wordle import wordlists
 
-# Special tokens of the Qwen3 chat template (ids 0..N-1 of the vocabulary).
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-]
+# The Qwen3 chat template's special tokens (the character tokenizer's list, without its <unk>:
+# a byte-level BPE has no unknown token).
+SPECIAL_TOKENS = [t for t in tiny_model.SPECIAL_TOKENS if t != "<unk>"]
 TEMPLATE_FILE = "qwen3_instruct_2507.jinja"
 BPE_VOCAB = 1024  # byte-level BPE merges on top of the 256 bytes; the words come on top
 

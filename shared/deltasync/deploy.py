@@ -80,6 +80,10 @@ class SpaceSpec:
         secrets: Space secrets by name; values are never printed.
         sleep_time_s: seconds of inactivity before the Space sleeps (stops billing); -1:
             never; None: the Hub's default (free hardware sleeps after 48 h, paid never).
+        public: created public even when Spaces are private by default. The Wordle Space: the
+            trainer's OpenEnv client (``openenv`` ``EnvClient.connect``) opens its WebSocket
+            without headers, so it cannot reach a private Space; the Space has no secrets, caps
+            its sessions and bodies, and keeps MCP and the web UI off.
     """
 
     key: str
@@ -89,6 +93,7 @@ class SpaceSpec:
     variables: dict[str, str] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     sleep_time_s: int | None = None
+    public: bool = False
 
 
 @dataclass
@@ -383,6 +388,7 @@ class Deployer:
                 f"{c.prefix}-wordle",
                 c.wordle_hardware,
                 sleep_time_s=sleep(c.wordle_hardware),
+                public=True,
             ),
             SpaceSpec(
                 "dashboard",
@@ -434,7 +440,7 @@ class Deployer:
                             from_id=f"{c.from_owner}/{s.name}",
                             to_id=repo_id,
                             repo_type="space",
-                            private=c.private_spaces,
+                            private=c.private_spaces and not s.public,
                             exist_ok=True,
                         ),
                     )
@@ -447,7 +453,7 @@ class Deployer:
                             repo_id=repo_id,
                             repo_type="space",
                             space_sdk="docker",
-                            private=c.private_spaces,
+                            private=c.private_spaces and not s.public,
                             exist_ok=True,
                         ),
                     )
