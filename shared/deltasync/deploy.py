@@ -507,6 +507,18 @@ class Deployer:
     def _print(self, msg: str = "") -> None:
         print(msg, file=self.out, flush=True)
 
+    def _resolve_owner(self, dry_run: bool) -> str:
+        """The account that owns the Spaces: ``--owner``, else ``whoami()`` (a placeholder in a
+        dry run, which calls nothing)."""
+        if self.owner is None:
+            if dry_run:
+                self.owner = "<your-username>"
+                self._print("would call: whoami()  (pass --owner to name the account)")
+            else:
+                self._print("whoami()")
+                self.owner = self.api.whoami()["name"]
+        return self.owner
+
     def run(self, dry_run: bool = False) -> str:
         """Deploy (or with ``dry_run``, print the calls without making any).
 
@@ -526,15 +538,7 @@ class Deployer:
                 "https://huggingface.co/settings/tokens and run `HF_TOKEN=hf_... make spaces` "
                 "(or export HF_TOKEN)"
             )
-        owner = self.owner
-        if owner is None:
-            if dry_run:
-                owner = "<your-username>"
-                self._print("would call: whoami()  (pass --owner to name the account)")
-            else:
-                self._print("whoami()")
-                owner = self.api.whoami()["name"]
-        self.owner = owner
+        owner = self._resolve_owner(dry_run)
         calls = self.plan(owner)
         check_hardware(self.specs(owner))
         tag = "would call: " if dry_run else ""
@@ -586,15 +590,7 @@ class Deployer:
                 "HF_TOKEN is not set: pausing a Space needs a token of its owner with write "
                 "access; run `HF_TOKEN=hf_... make spaces-down BUCKET=<owner>/<bucket>`"
             )
-        owner = self.owner
-        if owner is None:
-            if dry_run:
-                owner = "<your-username>"
-                self._print("would call: whoami()  (pass --owner to name the account)")
-            else:
-                self._print("whoami()")
-                owner = self.api.whoami()["name"]
-        self.owner = owner
+        owner = self._resolve_owner(dry_run)
         names = list(c.rollout_spaces) or [f"{c.prefix}-rollout"]
         repo_ids = [f"{owner}/{n}" for n in names]
         tag = "would call: " if dry_run else ""
