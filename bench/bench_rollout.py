@@ -29,7 +29,7 @@ sys.path.insert(0, REPO)
 
 def make_model(path: str, size: str) -> int:
     """Create the model folder; returns its parameter count. size: ``tiny`` or ``HIDDENxLAYERS``."""
-    from deltasync.tiny_model import make_tiny_qwen3
+    from trainer.tiny_model import make_tiny_qwen3
 
     if size == "tiny":
         make_tiny_qwen3(path)
@@ -40,7 +40,7 @@ def make_model(path: str, size: str) -> int:
             num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256),
             vocab_size=32000,
         )  # fmt: skip
-    from deltasync.tiny_model import checkpoint_tensors
+    from trainer.tiny_model import checkpoint_tensors
 
     return sum(t.numel() for t in checkpoint_tensors(path).values())
 
@@ -61,8 +61,8 @@ def bench_size(size: str, deltas: int, density: float, root: str) -> dict:
     from deltasync.publisher import DeltaPublisher, PublisherConfig
     from deltasync.status import read_heartbeats
     from deltasync.store import Store
-    from deltasync.tiny_model import checkpoint_tensors
     from trainer import local_stack
+    from trainer.tiny_model import checkpoint_tensors
 
     model = os.path.join(root, f"model-{size}")
     n_params = make_model(model, size)

@@ -166,8 +166,8 @@ def start_replica(
 
 
 def start_dashboard(store_uri: str, port: int, log_dir: str) -> Child:
-    """The sync-lag dashboard (``python -m deltasync.dashboard``) on ``port`` (not waited for)."""
-    args = ["-m", "deltasync.dashboard", "--bucket", store_uri, "--port", str(port)]
+    """The sync-lag dashboard (``python -m dashboard``) on ``port`` (not waited for)."""
+    args = ["-m", "dashboard", "--bucket", store_uri, "--port", str(port)]
     child = _spawn("dashboard", args, REPO, {}, log_dir, port)
     child.health_path = "/"
     return child

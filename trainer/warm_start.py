@@ -211,7 +211,7 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
     """
     import torch
 
-    from deltasync.tiny_model import make_char_tokenizer
+    from trainer.tiny_model import make_char_tokenizer
 
     from . import wordle_model
 

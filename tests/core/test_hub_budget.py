@@ -293,7 +293,7 @@ def _fleet(hub, tmp_path, minutes=5.0, publish_every_s=10.0, replicas=8):
         if p not in sys.path:
             sys.path.insert(0, p)
     rollout_helpers = pytest.importorskip("rollout_helpers")
-    from deltasync.dashboard.data import BucketReader
+    from dashboard.data import BucketReader
     from deltasync.publisher import DeltaPublisher, PublisherConfig
     from rollout.sync_loop import SyncLoop
 

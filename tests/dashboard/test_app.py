@@ -1,4 +1,4 @@
-"""The dashboard's Gradio app (``deltasync.dashboard.app``) served in-process on 127.0.0.1 and
+"""The dashboard's Gradio app (``dashboard.ui``) served in-process on 127.0.0.1 and
 driven through ``gradio_client``: ``/status`` and ``/refresh`` return what the data layer computes
 for a recorded bucket, and a bucket it cannot read comes back as a message, not an error. Also the
 configuration checks (``DashboardConfig``, ``BUCKET`` from the environment) and the CLI."""
@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
-from deltasync.dashboard.data import BucketReader
+from dashboard.data import BucketReader
 
 # pandas 3 deprecations raised inside gradio's own code (not ours)
 pytestmark = pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning")
 gr = pytest.importorskip("gradio", reason="the dashboard extra (gradio) is not installed")
 gradio_client = pytest.importorskip("gradio_client", reason="gradio_client (dev extra) missing")
 
-from deltasync.dashboard.app import DashboardConfig, build_app, plot_update  # noqa: E402
+from dashboard.ui import DashboardConfig, build_app, plot_update  # noqa: E402
 
 
 def _free_port() -> int:
@@ -90,14 +90,18 @@ def test_unreadable_bucket_is_a_message(tmp_path):
         demo.close()
 
 
-def test_config_from_env(monkeypatch):
-    monkeypatch.delenv("BUCKET", raising=False)
-    with pytest.raises(ValueError, match="BUCKET is not set"):
-        DashboardConfig.from_env()
-    monkeypatch.setenv("BUCKET", "hf://buckets/me/run")
-    monkeypatch.setenv("REFRESH_S", "5")
-    config = DashboardConfig.from_env()
-    assert (config.bucket, config.refresh_s, config.host) == ("hf://buckets/me/run", 5.0, "0.0.0.0")
+def test_config_from_flags_and_space_variables():
+    from dashboard.config import parse_config
+
+    with pytest.raises(SystemExit) as e:
+        parse_config([], env={})
+    assert e.value.code == 2
+    env = {"BUCKET": "hf://buckets/me/run", "REFRESH_S": "5", "GRADIO_SERVER_NAME": "0.0.0.0"}
+    config = parse_config([], env=env)
+    assert (config.bucket, config.refresh_s, config.host, config.port) == (
+        "hf://buckets/me/run", 5.0, "0.0.0.0", 7860)  # fmt: skip
+    assert parse_config(["--bucket", "x", "--port", "9"], env=env).port == 9
+    assert parse_config(["--bucket", "x"], env={}).host == "127.0.0.1"
     with pytest.raises(ValueError, match="refresh_s > 0"):
         DashboardConfig(bucket="x", refresh_s=0)
 
@@ -105,7 +109,7 @@ def test_config_from_env(monkeypatch):
 def test_cli_requires_a_bucket(monkeypatch):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
     out = subprocess.run(
-        [sys.executable, "-m", "deltasync.dashboard"],
+        [sys.executable, "-m", "dashboard"],
         capture_output=True,
         text=True,
         env=env,

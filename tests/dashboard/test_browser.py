@@ -1,4 +1,4 @@
-"""The dashboard in a real browser: ``python -m deltasync.dashboard`` on a local bucket that a
+"""The dashboard in a real browser: ``python -m dashboard`` on a local bucket that a
 background publisher thread (real DeltaPublisher + DeltaSubscriber replicas) starts writing to
 after the page opened. Headless Chromium (Debian's ``chromium`` package, driven through its own
 DevTools protocol; nothing is downloaded) must show the "waiting" state first, then every plot and
@@ -149,7 +149,7 @@ def chromium(tmp_path: Path) -> Iterator[Cdp]:
 
 @contextmanager
 def dashboard(bucket: str, tmp_path: Path) -> Iterator[str]:
-    """``python -m deltasync.dashboard`` on a free port; yields its URL."""
+    """``python -m dashboard`` on a free port; yields its URL."""
     import socket
 
     with socket.socket() as s:
@@ -161,7 +161,7 @@ def dashboard(bucket: str, tmp_path: Path) -> Iterator[str]:
             [
                 sys.executable,
                 "-m",
-                "deltasync.dashboard",
+                "dashboard",
                 "--bucket",
                 bucket,
                 "--port",

@@ -1,4 +1,4 @@
-"""The dashboard data layer (``deltasync.dashboard.data``) on buckets recorded by the real
+"""The dashboard data layer (``dashboard.data``) on buckets recorded by the real
 publisher and subscriber: the frames it builds (checked against the recorded manifest, heartbeats
 and metrics), cheap re-reading, stalled/failing flags, and the waiting/error states of empty,
 half-written and unreadable buckets. Also that importing it stays light (no torch, no gradio)."""
@@ -15,7 +15,7 @@ import sys
 import pandas as pd
 import pytest
 
-from deltasync.dashboard.data import BYTES_PER_MB, COLUMNS, BucketReader
+from dashboard.data import BYTES_PER_MB, COLUMNS, BucketReader
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import (
     TRAINER_METRICS_PATH,
@@ -243,7 +243,7 @@ def test_payload_without_manifest_is_waiting(tmp_path):
 def test_garbage_manifest_is_waiting_then_recovers(tmp_path, recorded_bucket, caplog):
     (tmp_path / MANIFEST_PATH).write_bytes(b'{"schema": "deltasync.manifest/1", "run_')
     reader = BucketReader(str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="deltasync.dashboard"):
+    with caplog.at_level(logging.WARNING, logger="dashboard"):
         snap = reader.read()
     assert snap.state == "waiting"
     assert f"{tmp_path}/{MANIFEST_PATH}" in snap.message and "not a valid manifest" in snap.message
@@ -278,7 +278,7 @@ def test_unreadable_uri_names_it(tmp_path, kind, caplog):
         uri = "hf://someone/some-model"
     else:
         uri = "nosuchproto://bucket/run"
-    with caplog.at_level(logging.WARNING, logger="deltasync.dashboard"):
+    with caplog.at_level(logging.WARNING, logger="dashboard"):
         snap = BucketReader(uri).read()
     assert snap.state == "error"
     assert uri in snap.message
@@ -289,7 +289,7 @@ def test_unreadable_uri_names_it(tmp_path, kind, caplog):
 
 def test_importing_the_data_layer_is_light():
     code = (
-        "import sys, deltasync, deltasync.dashboard.data\n"
+        "import sys, deltasync, dashboard.data\n"
         "bad = [m for m in ('torch', 'gradio', 'vllm') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -298,7 +298,7 @@ def test_importing_the_data_layer_is_light():
 
 
 def test_reward_curve_with_evaluations_and_stale_fraction():
-    from deltasync.dashboard.data import public_error
+    from dashboard.data import public_error
     from deltasync.status import EvalResult, StepMetrics
 
     uri = "memory://dash-test-evals"

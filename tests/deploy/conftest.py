@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deltasync.deploy import DeployConfig, Deployer
+from tools.deploy_spaces import DeployConfig, Deployer
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKEN = "hf_TESTTOKEN_never_printed_0123456789"

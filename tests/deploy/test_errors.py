@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from deltasync.deploy import DeployError, main, stage_space
+from tools.deploy_spaces import DeployError, main, stage_space
 
 from .conftest import TOKEN, FakeHfApi
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from deltasync.deploy import (
+from tools.deploy_spaces import (
     MASK,
     DeployConfig,
     Deployer,
@@ -162,7 +162,7 @@ def test_generated_control_token_differs_per_deploy():
 
 
 def test_importing_deploy_does_not_import_huggingface_hub():
-    code = "import sys, deltasync.deploy; print('huggingface_hub' in sys.modules)"
+    code = "import sys, tools.deploy_spaces; print('huggingface_hub' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -9,7 +9,7 @@ import io
 import os
 import stat
 
-from deltasync.deploy import read_front_matter
+from tools.deploy_spaces import read_front_matter
 
 from .conftest import CONTROL, TOKEN, FakeHfApi
 
@@ -107,7 +107,7 @@ def test_wordle_and_dashboard_uploads(make_deployer):
     )
     assert read_front_matter(wordle["README.md"])["title"].startswith("Wordle")
     dash = api.uploads["alice/deltasync-dashboard"]
-    assert "spaces/dashboard/app.py" in dash and "shared/deltasync/dashboard/app.py" in dash
+    assert "spaces/dashboard/dashboard/ui.py" in dash and "shared/deltasync/store.py" in dash
 
 
 def test_waits_until_all_running_with_progress(make_deployer, clock):

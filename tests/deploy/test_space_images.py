@@ -43,7 +43,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from deltasync.deploy import DeployConfig, Deployer
+from tools.deploy_spaces import DeployConfig, Deployer
 
 from .conftest import REPO_ROOT
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deltasync.deploy import (
+from tools.deploy_spaces import (
     DEFAULT_SLEEP_TIME_S,
     MASK,
     TOKENS_URL,
@@ -239,7 +239,7 @@ def test_make_spaces_down_runs_the_down_command():
         text=True,
         check=True,
     ).stdout
-    assert '-m deltasync.deploy --down --bucket "bob/run"' in out and "--dry-run" in out
+    assert '-m tools.deploy_spaces --down --bucket "bob/run"' in out and "--dry-run" in out
 
 
 def test_pause_space_binds_to_the_installed_hfapi():

@@ -24,10 +24,10 @@ pytestmark = pytest.mark.slow
     reason="set DELTASYNC_TEST_TIED=1 and run this file alone (it starts a second vLLM server)",
 )
 def test_tied_lm_head_follows_embedding_deltas(tmp_path):
-    from deltasync.tiny_model import make_tiny_qwen3
     from rollout.engine import VLLMControl
     from rollout.launch import start_vllm, stop_process, wait_healthy
     from rollout.sync_loop import SyncLoop
+    from trainer.tiny_model import make_tiny_qwen3
 
     model = make_tiny_qwen3(str(tmp_path / "tied"), seed=1, tie_word_embeddings=True)
     port, log_path = free_port(), str(tmp_path / "vllm.log")

@@ -29,7 +29,7 @@ def games():
 
 @pytest.fixture(scope="module")
 def tokenizer(games):
-    from deltasync.tiny_model import make_char_tokenizer
+    from trainer.tiny_model import make_char_tokenizer
 
     renderer = make_char_tokenizer(wordle_model.chat_template())
     return wordle_model.build_tokenizer([warm_start.render(g, renderer) for g in games])

@@ -1,6 +1,6 @@
 """Deploy a run's bucket and its three Spaces to the Hugging Face Hub in one command.
 
-``python -m deltasync.deploy`` (``make spaces``) with ``HF_TOKEN`` set:
+``python -m tools.deploy_spaces`` (``make spaces``) with ``HF_TOKEN`` set:
 
 1. creates the bucket ``<owner>/<bucket>`` (``create_bucket``, private by default);
 2. creates the rollout (vLLM, GPU), Wordle and dashboard Spaces in ``<owner>``'s account as Docker
@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from .errors import DeltaSyncError
+from deltasync.errors import DeltaSyncError
 
 MASK = "***"
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
@@ -98,7 +98,7 @@ class SpaceSpec:
 
 @dataclass
 class DeployConfig:
-    """Settings of one deploy (``python -m deltasync.deploy --help`` lists the flags).
+    """Settings of one deploy (``python -m tools.deploy_spaces --help`` lists the flags).
 
     Attributes:
         token: the Hugging Face token that creates everything (``HF_TOKEN``); never printed.
@@ -737,7 +737,7 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     env = os.environ if env is None else env
     d = DeployConfig()
     p = argparse.ArgumentParser(
-        prog="python -m deltasync.deploy",
+        prog="python -m tools.deploy_spaces",
         description="Create the bucket and the rollout, Wordle and dashboard Spaces on the "
         "Hugging Face Hub (HF_TOKEN with write access), wait until they run, and print the "
         "`make train` line; or with --down pause the rollout Space(s). SPACE_HF_TOKEN "
@@ -844,7 +844,7 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m deltasync.deploy``; returns the exit status."""
+    """Entry point of ``python -m tools.deploy_spaces``; returns the exit status."""
     cfg, dry_run, down = parse_args(argv)
     try:
         deployer = Deployer(cfg)

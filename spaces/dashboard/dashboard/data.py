@@ -32,9 +32,9 @@ from typing import Literal
 
 import pandas as pd
 
-from ..errors import StoreAccessError, StoreError, StoreNotFoundError
-from ..manifest import MANIFEST_PATH, Manifest, VersionEntry
-from ..status import (
+from deltasync.errors import StoreAccessError, StoreError, StoreNotFoundError
+from deltasync.manifest import MANIFEST_PATH, Manifest, VersionEntry
+from deltasync.status import (
     REPLICAS_DIR,
     TRAINER_METRICS_PATH,
     EvalResult,
@@ -44,9 +44,9 @@ from ..status import (
     TrainerMetrics,
     lag_versions,
 )
-from ..store import Store, resolve_uri
+from deltasync.store import Store, resolve_uri
 
-log = logging.getLogger("deltasync.dashboard")
+log = logging.getLogger("dashboard")
 
 BYTES_PER_MB = 1e6  # "MB" in the frames and plots is 10^6 bytes
 

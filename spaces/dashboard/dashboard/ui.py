@@ -1,7 +1,7 @@
 """The dashboard's Gradio app: live plots and a status table of one run's bucket.
 
 ``build_app(config)`` returns a ``gr.Blocks`` that polls the bucket through one shared
-:class:`~deltasync.dashboard.data.BucketReader` on a ``gr.Timer`` (every open page ticks, but the
+:class:`~dashboard.data.BucketReader` on a ``gr.Timer`` (every open page ticks, but the
 bucket is read at most once per ``refresh_s / 2``, and less often while nothing changes:
 ``BucketReader.next_read_delay_s``; a tick that finds the same snapshot sends nothing). API routes
 (``gradio_client``): ``/status`` (state, a public message and the status table as JSON) and
@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
-from dataclasses import dataclass
 
 import gradio as gr
 import pandas as pd
 
+from .config import DashboardConfig
 from .data import BucketReader, Snapshot, public_error
 
-log = logging.getLogger("deltasync.dashboard")
+log = logging.getLogger("dashboard")
 
 FLAG_STYLE = "background-color: #fde2e1; color: #8a1c1c; font-weight: 600"
 # Replicas take these in sorted order; fixed colors for the other categories.
@@ -42,55 +41,6 @@ FIXED_COLORS = {
     "paused": "#d62728",
 }
 STALENESS_COLORS = ["#2ca02c", "#bcbd22", "#ff7f0e", "#d62728", "#8c564b", "#7f7f7f"]
-
-
-@dataclass
-class DashboardConfig:
-    """Settings of the dashboard process.
-
-    Attributes:
-        bucket: the run root URI (folder, ``file://``, ``memory://``, ``hf://buckets/...``,
-            ``s3://``).
-        refresh_s: seconds between polls of the page (``gr.Timer``); the bucket itself is read
-            less often while nothing changes.
-        stalled_after_s: seconds after which a replica's heartbeat counts as STALLED.
-        host: interface to serve on ("0.0.0.0" on a Space).
-        port: TCP port.
-    """
-
-    bucket: str
-    refresh_s: float = 2.0
-    stalled_after_s: float = 30.0
-    host: str = "127.0.0.1"
-    port: int = 7860
-
-    def __post_init__(self):
-        if not self.bucket:
-            raise ValueError("expected a bucket URI: --bucket URI or the BUCKET variable")
-        if self.refresh_s <= 0 or self.stalled_after_s <= 0:
-            raise ValueError(
-                f"expected refresh_s > 0 and stalled_after_s > 0, found {self.refresh_s}, "
-                f"{self.stalled_after_s}"
-            )
-
-    @classmethod
-    def from_env(cls) -> DashboardConfig:
-        """From environment variables (Space variables/secrets): ``BUCKET`` (required),
-        ``REFRESH_S``, ``STALLED_AFTER_S``, ``GRADIO_SERVER_NAME`` (default 0.0.0.0), ``PORT``
-        (default 7860). ``HF_TOKEN`` is read by the store itself for hf:// buckets."""
-        bucket = os.environ.get("BUCKET", "")
-        if not bucket:
-            raise ValueError(
-                "BUCKET is not set: set it to the run's URI, e.g. hf://buckets/<owner>/<name> "
-                "(a Space variable), and HF_TOKEN as a secret if the bucket is private"
-            )
-        return cls(
-            bucket=bucket,
-            refresh_s=float(os.environ.get("REFRESH_S", cls.refresh_s)),
-            stalled_after_s=float(os.environ.get("STALLED_AFTER_S", cls.stalled_after_s)),
-            host=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"),
-            port=int(os.environ.get("PORT", "7860")),
-        )
 
 
 class SharedReader:
