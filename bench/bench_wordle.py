@@ -1,6 +1,6 @@
 """Benchmark of the Wordle Space: env steps/s and step latency at 1, 64 and 256 sessions.
 
-Starts the real server (``python -m server.app`` in ``spaces/wordle-env``) on a free
+Starts the real server (``python -m wordle_env.server.app`` in ``spaces/wordle-env``) on a free
 loopback port, then drives N concurrent WebSocket sessions from one asyncio client process.
 Each session plays seeded games back to back (reset, up to six valid guesses, repeat).
 
@@ -91,7 +91,7 @@ def start_server(max_sessions: int) -> tuple[subprocess.Popen[bytes], str]:
         "WORDLE_MAX_SESSIONS": str(max_sessions),
         "GRADIO_ANALYTICS_ENABLED": "False",
     }
-    proc = subprocess.Popen([sys.executable, "-m", "server.app"], cwd=SPACE_DIR, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "wordle_env.server.app"], cwd=SPACE_DIR, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

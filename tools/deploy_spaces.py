@@ -84,6 +84,9 @@ class SpaceSpec:
             trainer's OpenEnv client (``openenv`` ``EnvClient.connect``) opens its WebSocket
             without headers, so it cannot reach a private Space; the Space has no secrets, caps
             its sessions and bodies, and keeps MCP and the web UI off.
+        own_context: the folder is the whole Docker build context (the Wordle Space, an OpenEnv
+            environment that needs nothing else of the repository); otherwise the context is the
+            repository root (the Space installs the ``deltasync`` library from it).
     """
 
     key: str
@@ -94,6 +97,7 @@ class SpaceSpec:
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     sleep_time_s: int | None = None
     public: bool = False
+    own_context: bool = False
 
 
 @dataclass
@@ -245,11 +249,12 @@ def read_front_matter(readme_text: str) -> dict[str, str]:
     raise ValueError("README front matter opens with '---' but never closes")
 
 
-def stage_space(repo_root: str, folder: str, dest: str) -> list[str]:
+def stage_space(repo_root: str, folder: str, dest: str, own_context: bool = False) -> list[str]:
     """Write the Space repo's layout for ``folder`` (e.g. ``spaces/vllm-rollout``) into ``dest``.
 
-    The Space's Dockerfile builds from the repository root, so the Space root gets what that
-    context has: ``pyproject.toml``, ``shared/deltasync/`` and ``spaces/<space>/``, plus the
+    With ``own_context`` the folder is the build context and becomes the Space root as it is.
+    Otherwise the Space's Dockerfile builds from the repository root, so the Space root gets what
+    that context has: ``pyproject.toml``, ``shared/deltasync/`` and ``spaces/<space>/``, plus the
     Space's ``Dockerfile``, ``Dockerfile.dockerignore`` and ``README.md`` at the root (the README's
     front matter configures the Space; it also serves as ``pyproject.toml``'s readme).
 
@@ -261,12 +266,9 @@ def stage_space(repo_root: str, folder: str, dest: str) -> list[str]:
             on port 7860.
     """
     src = os.path.join(repo_root, folder)
-    need = [
-        "pyproject.toml",
-        "shared/deltasync/__init__.py",
-        f"{folder}/Dockerfile",
-        f"{folder}/README.md",
-    ]
+    need = [f"{folder}/Dockerfile", f"{folder}/README.md"]
+    if not own_context:
+        need += ["pyproject.toml", "shared/deltasync/__init__.py"]
     missing = [p for p in need if not os.path.isfile(os.path.join(repo_root, p))]
     if missing:
         raise DeployError(
@@ -281,16 +283,21 @@ def stage_space(repo_root: str, folder: str, dest: str) -> list[str]:
             f"sdk: {meta.get('sdk')!r}, app_port: {meta.get('app_port')!r}; fix the front matter"
         )
     ignore = shutil.ignore_patterns(*_STAGE_IGNORE)
-    shutil.copy2(os.path.join(repo_root, "pyproject.toml"), os.path.join(dest, "pyproject.toml"))
-    shutil.copytree(
-        os.path.join(repo_root, "shared", "deltasync"),
-        os.path.join(dest, "shared", "deltasync"),
-        ignore=ignore,
-    )
-    shutil.copytree(src, os.path.join(dest, folder), ignore=ignore)
-    for name in ("Dockerfile", "Dockerfile.dockerignore", "README.md"):
-        if os.path.isfile(os.path.join(src, name)):
-            shutil.copy2(os.path.join(src, name), os.path.join(dest, name))
+    if own_context:
+        shutil.copytree(src, dest, ignore=ignore, dirs_exist_ok=True)
+    else:
+        shutil.copy2(
+            os.path.join(repo_root, "pyproject.toml"), os.path.join(dest, "pyproject.toml")
+        )
+        shutil.copytree(
+            os.path.join(repo_root, "shared", "deltasync"),
+            os.path.join(dest, "shared", "deltasync"),
+            ignore=ignore,
+        )
+        shutil.copytree(src, os.path.join(dest, folder), ignore=ignore)
+        for name in ("Dockerfile", "Dockerfile.dockerignore", "README.md"):
+            if os.path.isfile(os.path.join(src, name)):
+                shutil.copy2(os.path.join(src, name), os.path.join(dest, name))
     files = []
     for root, _, names in os.walk(dest):
         for n in names:
@@ -389,6 +396,7 @@ class Deployer:
                 c.wordle_hardware,
                 sleep_time_s=sleep(c.wordle_hardware),
                 public=True,
+                own_context=True,
             ),
             SpaceSpec(
                 "dashboard",
@@ -554,7 +562,7 @@ class Deployer:
                     getattr(self.api, call.fn)(**call.kwargs)
                 continue
             with tempfile.TemporaryDirectory(prefix="deltasync-space-") as tmp:
-                staged = stage_space(c.repo_root, call.stage.folder, tmp)
+                staged = stage_space(c.repo_root, call.stage.folder, tmp, call.stage.own_context)
                 self._print(tag + call.render(staged))
                 if not dry_run:
                     self.api.upload_folder(folder_path=tmp, **call.kwargs)

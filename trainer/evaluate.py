@@ -96,7 +96,7 @@ def check_context(replica_url: str, tokenizer_path: str, max_tokens: int, header
     """
     from transformers import AutoTokenizer
 
-    from deltasync.wordle.game import WordleGame
+    from wordle_env.game import WordleGame
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     game = WordleGame("crane")
@@ -152,7 +152,7 @@ def play_episode(
     Raises:
         EvalError: the replica answered an error (after httpx's own connection handling).
     """
-    from deltasync.wordle.client import WordleEnv
+    from wordle_env.client import WordleEnv
 
     messages = prompt_messages()
     tools = [guess_tool()]

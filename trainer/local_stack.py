@@ -1,7 +1,7 @@
 """The local default's child processes: the Wordle environment Space and a vLLM rollout replica,
 each started from its Space folder's own entry point on 127.0.0.1 and stopped at the end.
 
-The trainer never imports Space code: it runs ``python -m server.app`` (spaces/wordle-env) and
+The trainer never imports Space code: it runs ``python -m wordle_env.server.app`` (spaces/wordle-env) and
 ``python -m rollout.launch`` (spaces/vllm-rollout) as subprocesses, configured by the same
 environment variables a Hugging Face Space would set.
 """
@@ -110,7 +110,7 @@ def start_wordle(log_dir: str) -> Child:
     """The Wordle environment Space on a free loopback port (not waited for)."""
     port = free_port()
     env = {"PORT": str(port), "WORDLE_HOST": "127.0.0.1"}
-    return _spawn("wordle-env", ["-m", "server.app"], WORDLE_DIR, env, log_dir, port)
+    return _spawn("wordle-env", ["-m", "wordle_env.server.app"], WORDLE_DIR, env, log_dir, port)
 
 
 def quiet_libraries() -> None:

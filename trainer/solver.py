@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Sequence
 from functools import lru_cache
 
-from deltasync.wordle import rules, wordlists
-from deltasync.wordle.game import WordleGame
+from wordle_env import rules, wordlists
+from wordle_env.game import WordleGame
 
 
 def _scores(candidates: Sequence[str]) -> list[tuple[float, str]]:
@@ -44,7 +44,7 @@ def solver_guesses(
     """Play ``game`` to its end with the stochastic solver; yields each move's result.
 
     Args:
-        game: a fresh :class:`~deltasync.wordle.game.WordleGame`.
+        game: a fresh :class:`~wordle_env.game.WordleGame`.
         rng: the random source (seed it for reproducible games).
         top_k: the solver picks uniformly among this many best consistent words.
         n_openers: the first guess is drawn from this many best openers.

@@ -64,7 +64,7 @@ class WarmStartConfig:
 
 
 def _key(cfg: WarmStartConfig) -> str:
-    from deltasync.wordle import wordlists
+    from wordle_env import wordlists
 
     from . import solver, wordle_model, wordle_task
 
@@ -83,8 +83,8 @@ def _key(cfg: WarmStartConfig) -> str:
 def solver_games(n: int, seed: int, explore: float = 0.0) -> list[list[dict]]:
     """``n`` solver games (message lists) on answers that are not evaluation words; ``explore``
     as in ``trainer.solver.solver_guesses``."""
-    from deltasync.wordle import wordlists
-    from deltasync.wordle.game import WordleGame
+    from wordle_env import wordlists
+    from wordle_env.game import WordleGame
 
     from .wordle_task import held_out_targets, solver_conversation
 

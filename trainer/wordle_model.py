@@ -22,8 +22,8 @@ import importlib.util
 import os
 from typing import Any
 
-from deltasync.wordle import wordlists
 from trainer import tiny_model
+from wordle_env import wordlists
 
 # The Qwen3 chat template's special tokens (the character tokenizer's list, without its <unk>:
 # a byte-level BPE has no unknown token).

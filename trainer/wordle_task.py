@@ -2,7 +2,7 @@
 conversation format shared by the warm start, GRPO and the evaluation.
 
 Style: tool calls, as in TRL's Wordle example. Each rollout plays one game against the Wordle
-environment server (OpenEnv WebSocket protocol, ``deltasync.wordle.client``): the model calls
+environment server (OpenEnv WebSocket protocol, ``wordle_env.client``): the model calls
 ``guess(word)`` and reads the game's reply, for up to ``MAX_TURNS`` calls. The environment keeps
 the game state, so the trainer never re-implements the rules.
 
@@ -28,7 +28,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from deltasync.wordle import rules, wordlists
+from wordle_env import rules, wordlists
 
 log = logging.getLogger("trainer.wordle_task")
 
@@ -184,7 +184,7 @@ class WordleToolEnv:
         self._dropped = False
 
     def _connect(self):
-        from deltasync.wordle.client import WordleEnv
+        from wordle_env.client import WordleEnv
 
         url = os.environ.get(ENV_URL_VAR)
         if not url:

@@ -101,10 +101,8 @@ def test_rollout_upload_layout(make_deployer):
 def test_wordle_and_dashboard_uploads(make_deployer):
     api, _, _ = deploy(make_deployer)
     wordle = api.uploads["alice/deltasync-wordle"]
-    assert (
-        "spaces/wordle-env/server/app.py" in wordle
-        and "shared/deltasync/wordle/words/answers.txt" in wordle
-    )
+    assert "server/app.py" in wordle and "words/answers.txt" in wordle and "client.py" in wordle
+    assert not any(path.startswith(("shared/", "spaces/")) for path in wordle)  # its own context
     assert read_front_matter(wordle["README.md"])["title"].startswith("Wordle")
     dash = api.uploads["alice/deltasync-dashboard"]
     assert "spaces/dashboard/dashboard/ui.py" in dash and "shared/deltasync/store.py" in dash

@@ -185,7 +185,7 @@ class Image:
     df: Dockerfile
     root: str
     package_dirs: list[str]  # what `pip install .[extra]` would install, as PYTHONPATH entries
-    extras: list[str]
+    installs: list[tuple[str, list[str]]]  # (project folder, extras) of each `pip install`
 
     def host_path(self, image_path: str) -> str:
         return os.path.join(self.root, image_path.lstrip("/"))
@@ -240,11 +240,12 @@ class Image:
 
 
 def build_image(df: Dockerfile, root: str) -> Image:
-    """Copy what the Dockerfile COPYs from the repository into ``root`` (its image paths), and
-    find the package each ``RUN pip install <dir>[extras]`` installs."""
+    """Copy what the Dockerfile COPYs from its build context into ``root`` (its image paths), and
+    find the packages each ``RUN pip install <dir>[extras]`` installs."""
+    context = build_context(df)
     for c in df.copies:
         for src in c.sources:
-            host_src = os.path.join(REPO_ROOT, src)
+            host_src = os.path.normpath(os.path.join(context, src))
             dest = os.path.join(root, c.dest.lstrip("/"))
             if os.path.isdir(host_src):
                 shutil.copytree(host_src, dest, ignore=IGNORED, dirs_exist_ok=True)
@@ -253,23 +254,48 @@ def build_image(df: Dockerfile, root: str) -> Image:
                     dest = os.path.join(dest, os.path.basename(src))
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
                 shutil.copy2(host_src, dest)
-    package_dirs, extras = [], []
+    package_dirs, installs = [], []
     for workdir, command in df.runs:
         m = re.search(r"pip3? install\s+(?:-\S+\s+)*[\"']?([^\"'\s\[]+)(?:\[([^\]]*)\])?", command)
         if not m:
             continue
         project = os.path.join(root, posixpath.join(workdir, m.group(1)).lstrip("/"))
-        with open(os.path.join(project, "pyproject.toml"), "rb") as f:
-            meta = tomllib.load(f)
-        where = meta["tool"]["setuptools"]["packages"]["find"]["where"]
-        package_dirs += [os.path.join(project, w) for w in where]
-        extras += [e.strip() for e in (m.group(2) or "").split(",") if e.strip()]
+        meta = _pyproject(project)
+        package_dirs.append(_import_root(project, meta["tool"]["setuptools"], root))
+        installs.append((project, [e.strip() for e in (m.group(2) or "").split(",") if e.strip()]))
         readme = meta["project"].get("readme")
         if isinstance(readme, str):
             assert os.path.isfile(os.path.join(project, readme)), (
                 f"{df.path}: pyproject.toml's readme {readme} is not copied next to it"
             )
-    return Image(df, root, package_dirs, extras)
+    return Image(df, root, package_dirs, installs)
+
+
+def build_context(df: Dockerfile) -> str:
+    """The folder a Dockerfile builds from: its own folder when it copies ``.`` (a Space that is
+    its own context, as `openenv push` builds it), else the repository root."""
+    own = any(src in (".", "./") for c in df.copies for src in c.sources)
+    return os.path.dirname(df.path) if own else REPO_ROOT
+
+
+def _pyproject(project: str) -> dict:
+    with open(os.path.join(project, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def _import_root(project: str, setuptools: dict, root: str) -> str:
+    """A PYTHONPATH entry from which the packages ``pip install project`` installs import:
+    ``packages.find.where``, or, for a ``package-dir`` mapping (OpenEnv's layout: the folder is
+    the package), a folder of links named after the top-level packages."""
+    if "package-dir" not in setuptools:
+        (where,) = setuptools["packages"]["find"]["where"]
+        return os.path.join(project, where)
+    site = os.path.join(os.path.dirname(root), "site-" + os.path.basename(project))
+    os.makedirs(site, exist_ok=True)
+    for name, folder in setuptools["package-dir"].items():
+        if "." not in name:
+            os.symlink(os.path.normpath(os.path.join(project, folder)), os.path.join(site, name))
+    return site
 
 
 @pytest.fixture
@@ -344,10 +370,11 @@ def test_every_copy_source_exists_and_reaches_the_build(key):
     with open(ignore_file, encoding="utf-8") as f:
         patterns = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
     assert df.copies, f"{df.path}: no COPY"
+    context = build_context(df)
     for c in df.copies:
         for src in c.sources:
-            assert os.path.exists(os.path.join(REPO_ROOT, src)), (
-                f"{df.path}: COPY {src} expects {src} in the repository, found none"
+            assert os.path.exists(os.path.join(context, src)), (
+                f"{df.path}: COPY {src} expects {src} in {context}, found none"
             )
             assert not dockerignore_excludes(patterns, src.rstrip("/")), (
                 f"{df.path}: COPY {src}, but {ignore_file} leaves it out of the build context"
@@ -375,29 +402,35 @@ def test_start_command_is_what_the_base_image_can_run(key):
 
 
 @pytest.mark.parametrize("key", sorted(SPACES))
-def test_the_images_extras_exist_and_are_installed_here(key, image):
+def test_the_images_requirements_exist_and_are_installed_here(key, image):
+    """Every requirement of every ``pip install`` in the image (the project's dependencies and
+    those of the extras it names) is installed in this venv at a version it accepts."""
     from packaging.requirements import Requirement
 
     img = image(key)
-    assert img.package_dirs and img.extras, f"{img.df.path}: expected RUN pip install .[extra]"
-    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
-        optional = tomllib.load(f)["project"]["optional-dependencies"]
-    todo, seen = list(img.extras), set()
-    while todo:
-        extra = todo.pop()
-        assert extra in optional, f"{img.df.path}: installs extra {extra!r}, not in pyproject"
-        seen.add(extra)
-        for spec in optional[extra]:
+    assert img.installs, f"{img.df.path}: expected RUN pip install <dir>[extras]"
+    for project, extras in img.installs:
+        meta = _pyproject(project)["project"]
+        optional = meta.get("optional-dependencies", {})
+        specs, todo, seen = list(meta.get("dependencies", [])), list(extras), set()
+        while todo:
+            extra = todo.pop()
+            assert extra in optional, f"{img.df.path}: installs extra {extra!r}, not in pyproject"
+            seen.add(extra)
+            for spec in optional[extra]:
+                req = Requirement(spec)
+                if req.name == meta["name"]:
+                    todo += [e for e in req.extras if e not in seen]
+                else:
+                    specs.append(spec)
+        for spec in specs:
             req = Requirement(spec)
-            if req.name == "deltasync":
-                todo += [e for e in req.extras if e not in seen]
-                continue
             try:
                 version = importlib.metadata.version(req.name)
             except importlib.metadata.PackageNotFoundError:
-                pytest.fail(f"{img.df.path}: needs {spec} (extra {extra}); not installed here")
+                pytest.fail(f"{img.df.path}: needs {spec}; not installed here")
             assert req.specifier.contains(version, prereleases=True), (
-                f"{img.df.path}: needs {spec} (extra {extra}); found {req.name} {version}"
+                f"{img.df.path}: needs {spec}; found {req.name} {version}"
             )
 
 

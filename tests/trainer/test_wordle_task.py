@@ -6,8 +6,6 @@ import random
 
 import pytest
 
-from deltasync.wordle import wordlists
-from deltasync.wordle.game import WordleGame
 from trainer import warm_start, wordle_model
 from trainer.wordle_task import (
     RESET_TEXT,
@@ -20,6 +18,8 @@ from trainer.wordle_task import (
     parse_call,
     prompt_messages,
 )
+from wordle_env import wordlists
+from wordle_env.game import WordleGame
 
 
 @pytest.fixture(scope="module")

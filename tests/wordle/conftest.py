@@ -1,6 +1,6 @@
 """Fixtures of the Wordle tests: the real Space server on 127.0.0.1, and its environment class.
 
-``wordle_server`` starts ``python -m server.app`` (uvicorn) once per test session on a free
+``wordle_server`` starts ``python -m wordle_env.server.app`` (uvicorn) once per test session on a free
 loopback port, waits for ``/health`` and stops it at the end through its own ``Popen``
 handle. ``start_server`` is reused for the small-cap server of ``test_session_limits.py``.
 """
@@ -69,7 +69,7 @@ def start_server(log_path: Path, **env_overrides: str) -> ServerProcess:
     }
     log_file = log_path.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.app"],
+        [sys.executable, "-m", "wordle_env.server.app"],
         cwd=SPACE_DIR,
         env=env,
         stdout=log_file,
@@ -122,30 +122,10 @@ def wordle_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
     )
 
 
-def _load_space_server_package() -> ModuleType:
-    """Import ``spaces/wordle-env/server`` under the unique name ``wordle_env_server``.
-
-    A plain ``import server`` would collide with other Spaces' ``server`` packages in the same
-    pytest process.
-    """
-    name = "wordle_env_server"
-    if name in sys.modules:
-        return sys.modules[name]
-    package_dir = SPACE_DIR / "server"
-    spec = importlib.util.spec_from_file_location(
-        name, package_dir / "__init__.py", submodule_search_locations=[str(package_dir)]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def space_server() -> ModuleType:
-    """The Space's ``server`` package (import its submodules as ``wordle_env_server.<name>``)."""
-    return _load_space_server_package()
+    """The Space's ``server`` package, ``wordle_env.server`` (import its submodules by name)."""
+    return importlib.import_module("wordle_env.server")
 
 
 @pytest.fixture()

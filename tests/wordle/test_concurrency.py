@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from deltasync.wordle import rules, wordlists
-from deltasync.wordle.client import WordleCapacityError, WordleEnv
+from wordle_env import rules, wordlists
+from wordle_env.client import WordleCapacityError, WordleEnv
 
 SESSIONS = 256
 SEED_BASE = 90_000

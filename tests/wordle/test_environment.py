@@ -12,8 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from deltasync.wordle import rules, wordlists
-from deltasync.wordle.models import WordleAction
+from wordle_env import rules, wordlists
+from wordle_env.models import WordleAction
 
 
 def _play(env: object, *messages: str) -> object:

@@ -1,4 +1,4 @@
-"""One game as a state machine (``deltasync.wordle.game.WordleGame``).
+"""One game as a state machine (``wordle_env.game.WordleGame``).
 
 Covers: the invalid-move rules (no turn used, a second invalid move in a row ends the game,
 a valid guess resets the streak), wins and losses with their rewards, the feedback text that
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from deltasync.wordle import rules
-from deltasync.wordle.game import PROMPT, GameOverError, WordleGame
+from wordle_env import rules
+from wordle_env.game import PROMPT, GameOverError, WordleGame
 
 
 def _trl_feedback_counts(transcript: str) -> tuple[int, int]:

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from websockets.sync.client import connect
 
-from deltasync.wordle import rules
-from deltasync.wordle.models import (
+from wordle_env import rules
+from wordle_env.models import (
     WordleAction,
     WordleMessage,
     WordleObservation,

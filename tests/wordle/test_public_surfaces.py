@@ -21,8 +21,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from deltasync.wordle.client import WordleEnv
 from tests.wordle.conftest import ServerProcess, start_server, stop_server
+from wordle_env.client import WordleEnv
 
 pytestmark = pytest.mark.slow
 

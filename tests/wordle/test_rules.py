@@ -1,4 +1,4 @@
-"""Wordle rules (``deltasync.wordle.rules``) and word lists (``deltasync.wordle.wordlists``).
+"""Wordle rules (``wordle_env.rules``) and word lists (``wordle_env.wordlists``).
 
 Covers: table-driven feedback including repeated letters, ``[word]`` extraction, move
 validity, the reward formula and its shaped breakdown, the shipped word lists, the seed ->
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from deltasync.wordle import rules, wordlists
+from wordle_env import rules, wordlists
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,7 @@ def test_target_for_seed_refuses_non_int_seeds(seed: object) -> None:
 
 def test_target_for_seed_is_the_same_in_a_fresh_process() -> None:
     code = (
-        "import json; from deltasync.wordle import wordlists; "
+        "import json; from wordle_env import wordlists; "
         "print(json.dumps([wordlists.target_for_seed(s) for s in range(20)]))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
@@ -172,8 +172,8 @@ def test_target_for_seed_is_the_same_in_a_fresh_process() -> None:
 
 def test_rules_game_and_wordlists_import_nothing_heavy() -> None:
     code = (
-        "import sys, json; import deltasync.wordle.rules, deltasync.wordle.wordlists, "
-        "deltasync.wordle.game; "
+        "import sys, json; import wordle_env.rules, wordle_env.wordlists, "
+        "wordle_env.game; "
         "print(json.dumps(sorted(m for m in ('openenv', 'torch', 'vllm', 'pydantic', "
         "'fastapi', 'gradio', 'numpy') if m in sys.modules)))"
     )

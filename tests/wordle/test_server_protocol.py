@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from openenv.core.generic_client import GenericEnvClient
 
-from deltasync.wordle import rules, wordlists
-from deltasync.wordle.client import WordleEnv, WordleServerError
+from wordle_env import rules, wordlists
+from wordle_env.client import WordleEnv, WordleServerError
 
 pytestmark = pytest.mark.slow
 

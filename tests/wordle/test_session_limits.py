@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from deltasync.wordle.client import WordleCapacityError, WordleEnv, WordleSessionExpiredError
+from wordle_env.client import WordleCapacityError, WordleEnv, WordleSessionExpiredError
 
 pytestmark = pytest.mark.slow
 

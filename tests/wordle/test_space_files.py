@@ -1,7 +1,7 @@
 """The Space's deployment files agree with each other and with the server's configuration.
 
 Covers: the README front matter (``sdk: docker``, ``app_port``), ``openenv.yaml`` and the
-Dockerfile (port, entry module, uid 1000, ``/health`` check, repo-root build context) name
+Dockerfile (port, entry module, uid 1000, ``/health`` check, this folder as build context) name
 the same port and app the server really serves, and the word lists ship as package data.
 """
 
@@ -40,10 +40,11 @@ def test_ports_and_entry_points_agree(space_server: ModuleType) -> None:
     assert front["sdk"] == "docker"
     assert front["app_port"] == manifest["port"] == config.port
     assert f"EXPOSE {config.port}" in dockerfile
-    # openenv.yaml's app is the module the Dockerfile runs, and that module assigns it at top
-    # level (read with ast: importing it would build the whole app).
+    # openenv.yaml's app (relative to this folder, the package root ``wordle_env``) is the module
+    # the Dockerfile runs, and that module assigns it at top level (read with ast: importing it
+    # would build the whole app).
     module, attribute = manifest["app"].split(":")
-    assert f'"-m", "{module}"' in dockerfile
+    assert f'"-m", "wordle_env.{module}"' in dockerfile
     tree = ast.parse((SPACE / (module.replace(".", "/") + ".py")).read_text())
     assigned = {
         target.id
@@ -60,16 +61,16 @@ def test_dockerfile_runs_as_uid_1000_with_a_health_check() -> None:
     assert re.search(r"^USER 1000\b", dockerfile, re.MULTILINE)
     healthcheck = re.search(r"^HEALTHCHECK .*?/health", dockerfile, re.MULTILINE | re.DOTALL)
     assert healthcheck is not None
-    # Built from the repository root: every COPY source exists there.
+    # Built from this folder alone (what `openenv push` uploads): every COPY source is in it.
     for source in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", dockerfile, re.MULTILINE):
         for path in source.split():
-            if path != "README.md":  # the repo's README (or the Space's, in the HF layout)
-                assert (REPO / path).exists(), f"Dockerfile copies {path}, missing at repo root"
+            assert (SPACE / path).exists(), f"Dockerfile copies {path}, missing in {SPACE}"
 
 
 def test_word_lists_ship_as_package_data() -> None:
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["deltasync.wordle"]
-    package = REPO / "shared" / "deltasync" / "wordle"
+    pyproject = tomllib.loads((SPACE / "pyproject.toml").read_text())
+    assert pyproject["tool"]["setuptools"]["package-dir"]["wordle_env"] == "."
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["wordle_env"]
+    package = SPACE
     shipped = {p.name for pattern in patterns for p in package.glob(pattern)}
     assert {"answers.txt", "allowed.txt", "SOURCE.md", "SCOWL-COPYRIGHT.txt"} <= shipped

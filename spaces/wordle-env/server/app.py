@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
 
-from deltasync.wordle.models import WordleAction, WordleObservation
+from wordle_env.models import WordleAction, WordleObservation
 
 from .config import WordleServerConfig, load_config
 from .message_guard import MessageGuard

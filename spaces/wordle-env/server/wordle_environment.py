@@ -16,9 +16,9 @@ from typing import Any
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
-from deltasync.wordle import rules, wordlists
-from deltasync.wordle.game import PROMPT, WordleGame
-from deltasync.wordle.models import (
+from wordle_env import rules, wordlists
+from wordle_env.game import PROMPT, WordleGame
+from wordle_env.models import (
     GAME_OVER,
     NO_ACTIVE_GAME,
     SESSION_CLOSED,

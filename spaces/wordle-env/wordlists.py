@@ -10,7 +10,7 @@ import functools
 import hashlib
 from importlib import resources
 
-from deltasync.wordle.rules import WORD_LENGTH, is_lower_ascii_word
+from wordle_env.rules import WORD_LENGTH, is_lower_ascii_word
 
 ANSWERS_FILE = "answers.txt"
 ALLOWED_FILE = "allowed.txt"
@@ -23,11 +23,11 @@ class WordListError(ValueError):
 
 
 def _read_words(name: str) -> tuple[str, ...]:
-    path = resources.files("deltasync.wordle").joinpath("words", name)
+    path = resources.files("wordle_env").joinpath("words", name)
     if not path.is_file():
         raise WordListError(
             f"word list {name!r} not found at {path}; it ships inside the deltasync package "
-            "(package data deltasync.wordle/words/*.txt): reinstall deltasync"
+            "(package data wordle_env/words/*.txt): reinstall deltasync"
         )
     words = tuple(line.strip() for line in path.read_text(encoding="ascii").splitlines())
     bad = [w for w in words if len(w) != WORD_LENGTH or not is_lower_ascii_word(w)]

@@ -28,7 +28,7 @@ from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
 from websockets.exceptions import ConnectionClosed
 
-from deltasync.wordle.models import WordleAction, WordleObservation, WordleState
+from wordle_env.models import WordleAction, WordleObservation, WordleState
 
 log = logging.getLogger(__name__)
 

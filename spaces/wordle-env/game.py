@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from deltasync.wordle import rules, wordlists
+from wordle_env import rules, wordlists
 
 PROMPT = (
     "You are playing Wordle.\n"
@@ -74,7 +74,7 @@ class WordleGame:
         if not isinstance(target, str) or target not in self._allowed:
             raise ValueError(
                 f"target must be a {rules.WORD_LENGTH}-letter lowercase word from the allowed "
-                f"list, found {target!r}; pick one from deltasync.wordle.wordlists.answers()"
+                f"list, found {target!r}; pick one from wordle_env.wordlists.answers()"
             )
         self.target = target
         self.guesses: list[str] = []

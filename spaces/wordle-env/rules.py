@@ -133,7 +133,7 @@ def check_guess(
     Args:
         token: the extracted token, or None when the message had no bracketed token.
         previous_guesses: the guesses already accepted in this game.
-        allowed: the allowed-guess list (``deltasync.wordle.wordlists.allowed_guesses()``).
+        allowed: the allowed-guess list (``wordle_env.wordlists.allowed_guesses()``).
 
     Returns:
         None when the guess is acceptable, else the :class:`InvalidMove`. Checks run in the

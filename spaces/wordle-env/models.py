@@ -17,7 +17,7 @@ from typing import Literal
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import BaseModel, ConfigDict, Field
 
-# ``error_code`` values besides ``deltasync.wordle.rules.INVALID_MOVE_CODES``:
+# ``error_code`` values besides ``wordle_env.rules.INVALID_MOVE_CODES``:
 NO_ACTIVE_GAME = "no_active_game"  # step before any reset (or on the stateless HTTP /step)
 GAME_OVER = "game_over"  # step after the game ended
 SESSION_CLOSED = "session_closed"  # step on an environment the server already closed

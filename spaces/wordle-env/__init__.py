@@ -1,7 +1,7 @@
 """Wordle for the trainer and the wordle-env Space: rules, word lists, wire models, client.
 
 Import the submodule you need; this package imports nothing itself, so ``import
-deltasync.wordle.rules`` stays light (standard library only):
+wordle_env.rules`` stays light (standard library only):
 
 - ``rules``: feedback with the duplicate-letter rule, ``[word]`` extraction, move validity,
   the reward formula and the shaped-reward breakdown. No third-party imports.
