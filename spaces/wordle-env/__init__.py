@@ -7,6 +7,6 @@ wordle_env.rules`` stays light (standard library only):
   the reward formula and the shaped-reward breakdown. No third-party imports.
 - ``wordlists``: the shipped answer and allowed-guess lists, and the seed -> target mapping.
 - ``game``: ``WordleGame``, one game as a state machine over the rules (no I/O).
-- ``models``: the Pydantic wire models (imports openenv-core, which is heavy).
-- ``client``: ``WordleEnv``, the OpenEnv WebSocket client (imports openenv-core).
+- ``models``: the Pydantic wire models (imports openenv, which is heavy).
+- ``client``: ``WordleEnv``, the OpenEnv WebSocket client (imports openenv).
 """

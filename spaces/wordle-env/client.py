@@ -1,6 +1,6 @@
 """``WordleEnv``: the OpenEnv client of the Wordle Space (one WebSocket session per instance).
 
-Built on openenv-core's ``EnvClient``; it never imports the server. Async by default,
+Built on openenv's ``EnvClient`` (openenv 0.10); it never imports the server. Async by default,
 ``.sync()`` gives the blocking wrapper::
 
     async with WordleEnv(base_url="https://<space>.hf.space") as env:
@@ -27,6 +27,7 @@ from typing import Any
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from wordle_env.models import WordleAction, WordleObservation, WordleState
 
@@ -37,7 +38,7 @@ class WordleServerError(RuntimeError):
     """The server answered with an error frame.
 
     Attributes:
-        code: the server's error code (openenv-core's ``WSErrorCode`` values or the Space's
+        code: the server's error code (openenv's ``WSErrorCode`` values or the Space's
             ``MESSAGE_TOO_LARGE`` / ``INVALID_MESSAGE`` / ``SESSION_EXPIRED``).
         data: the whole ``data`` object of the frame.
     """
@@ -71,21 +72,23 @@ class WordleEnv(EnvClient[WordleAction, WordleObservation, WordleState]):
         **kwargs: passed to ``EnvClient`` (``connect_timeout_s``, ``message_timeout_s``, ...).
     """
 
-    async def reset(  # type: ignore[override]
+    async def _reset_async(  # type: ignore[override]
         self,
         seed: int | None = None,
         episode_id: str | None = None,
         target: str | None = None,
     ) -> StepResult[WordleObservation]:
-        """Start a new game in this session.
+        """``reset(seed=None, episode_id=None, target=None)``: start a new game in this session
+        (``await env.reset(...)``, or ``env.sync().reset(...)``; ``EnvClient`` dispatches both
+        here).
 
         Args:
             seed: picks the target deterministically (the same in every session).
             episode_id: id reported by ``state()``.
             target: play this exact word (tests); not together with ``seed``.
 
-        If the server has closed this session (idle expiry), a new connection is opened and
-        the reset sent again, once.
+        If the server has closed this session (idle expiry, restart), a new connection is
+        opened and the reset sent again, once.
 
         Raises:
             WordleServerError: e.g. ``EXECUTION_ERROR`` for unusable options, with the
@@ -95,42 +98,54 @@ class WordleEnv(EnvClient[WordleAction, WordleObservation, WordleState]):
         options = {"seed": seed, "episode_id": episode_id, "target": target}
         options = {k: v for k, v in options.items() if v is not None}
         try:
-            return await super().reset(**options)
+            return await super()._reset_async(**options)
         except (WordleSessionExpiredError, ConnectionError) as error:
             # A reset needs nothing from the old session, so a session the server closed
             # (idle expiry, restart) is replaced by a new connection, once.
             log.info("Wordle session was closed (%s); reconnecting to reset", error)
-            return await super().reset(**options)
+            return await super()._reset_async(**options)
 
-    async def step(  # type: ignore[override]
+    async def _step_async(  # type: ignore[override]
         self, action: WordleAction | str, **kwargs: Any
     ) -> StepResult[WordleObservation]:
-        """Send one message (a ``WordleAction`` or its text, e.g. ``"[crane]"``)."""
+        """``step(action)``: send one message (a ``WordleAction`` or its text, e.g.
+        ``"[crane]"``)."""
         if isinstance(action, str):
             action = WordleAction(message=action)
-        return await super().step(action, **kwargs)
+        return await super()._step_async(action, **kwargs)
 
     async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
-        try:
-            await self._send(message)
-            response = await self._receive()
-        except ConnectionClosed as closed:
-            # A server that closes a session (capacity reached, idle expiry) says why in an
-            # error frame just before the close; raise that reason, not the bare close. The
-            # next call opens a new connection (a new session: reset before stepping).
-            last = await self._last_frame()
-            self._ws = None
-            if last is None or last.get("type") != "error":
-                raise ConnectionError(
-                    f"the server closed this session ({closed}); create a new client and reset"
-                ) from closed
-            response = last
+        # openenv's EnvClient silently replaces a socket the server closed with a new session;
+        # for a step that would be a game that does not exist. Raise why the old one ended.
+        if self._ws is not None and self._ws.state in (State.CLOSING, State.CLOSED):
+            response = await self._closing_frame("the server closed this session")
+        else:
+            try:
+                await self._send(message)
+                response = await self._receive()
+            except ConnectionClosed as closed:
+                response = await self._closing_frame(f"the server closed this session ({closed})")
         if response.get("type") == "error":
             data = response.get("data") or {}
             code = str(data.get("code", "UNKNOWN"))
             error_cls = _ERRORS_BY_CODE.get(code, WordleServerError)
             raise error_cls(code, str(data.get("message", "no message")), data)
         return response
+
+    async def _closing_frame(self, what: str) -> dict[str, Any]:
+        """The error frame a server sends just before it closes a session (capacity reached,
+        idle expiry); the socket is dropped, so the next call opens a new session (reset before
+        stepping).
+
+        Raises:
+            ConnectionError: the server closed without saying why.
+        """
+        last = await self._last_frame()
+        self._ws = None
+        self._ws_loop = None
+        if last is None or last.get("type") != "error":
+            raise ConnectionError(f"{what}; reset to start a new session")
+        return last
 
     async def _last_frame(self) -> dict[str, Any] | None:
         """A frame the server sent before closing, still buffered; None when there is none."""

@@ -1,13 +1,13 @@
-"""Pydantic wire models of the Wordle environment, on openenv-core's Action/Observation/State.
+"""Pydantic wire models of the Wordle environment, on openenv's Action/Observation/State.
 
 Extra fields are forbidden everywhere, so a client and a server of different versions fail
 loudly instead of dropping data. The action and the ``prompt``/``messages`` fields match
 OpenEnv's TextArena environment (``TextArenaAction(message=...)``,
 ``observation.messages[0].content``), so clients written for the public Wordle Space work here.
 
-Wire note: openenv-core's serializer drops ``Observation.metadata``; the shaped-reward
-breakdown therefore travels as the ``reward_breakdown`` field and is also put in
-``metadata["reward_breakdown"]`` for in-process users.
+Wire note: openenv 0.3 dropped ``Observation.metadata`` on the wire (0.10 sends it as
+``data.metadata``); the shaped-reward breakdown travels as the ``reward_breakdown`` field, which
+every version carries, and is also put in ``metadata["reward_breakdown"]`` for in-process users.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Wordle rules, as TextArena's Wordle-v0 plays them (what TRL's Wordle examples expect).
 
 Pure functions over strings; standard library only, so the trainer's reward code can import
-this module without openenv-core, torch or vLLM.
+this module without openenv, torch or vLLM.
 
 The rules:
 

@@ -66,7 +66,7 @@ def test_bad_values_name_the_variable(config_module: ModuleType, name: str, valu
 def test_web_and_mcp_switches(config_module: ModuleType) -> None:
     load = config_module.load_config
     assert load({"WORDLE_ENABLE_WEB": "1"}).web_interface
-    assert load({"ENABLE_WEB_INTERFACE": "true"}).web_interface  # openenv-core's own name
+    assert load({"ENABLE_WEB_INTERFACE": "true"}).web_interface  # openenv's own name
     assert not load({"WORDLE_ENABLE_WEB": "0", "ENABLE_WEB_INTERFACE": "true"}).web_interface
     assert load({"WORDLE_ENABLE_MCP": "yes"}).mcp
     assert load({"WORDLE_MAX_UI_CONNECTIONS": "3"}).max_ui_connections == 3

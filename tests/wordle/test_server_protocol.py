@@ -1,8 +1,8 @@
 """The real server over real sockets: OpenEnv's protocol and our client.
 
-Covers: openenv-core's own ``GenericEnvClient`` plays full games (a win and a loss) over
+Covers: openenv's own ``GenericEnvClient`` plays full games (a win and a loss) over
 ``/ws``; our ``WordleEnv`` client (async and ``.sync()``) plays a seeded game and reads the
-state; HTTP routes from openenv-core (``/health``, ``/schema``, ``/metadata``, stateless
+state; HTTP routes from openenv (``/health``, ``/schema``, ``/metadata``, stateless
 ``/reset`` and ``/step``, the ``/web`` playground off by default) and our 422 / 413 answers.
 """
 

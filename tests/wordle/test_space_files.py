@@ -74,3 +74,26 @@ def test_word_lists_ship_as_package_data() -> None:
     package = SPACE
     shipped = {p.name for pattern in patterns for p in package.glob(pattern)}
     assert {"answers.txt", "allowed.txt", "SOURCE.md", "SCOWL-COPYRIGHT.txt"} <= shipped
+
+
+def test_openenv_validate_passes_and_push_finds_its_files(tmp_path) -> None:
+    """``openenv validate`` (openenv's own CLI) accepts the folder, and the folder has what
+    ``openenv push`` packages (an env root with its client, manifest, project and Dockerfile)."""
+    import shutil
+    import subprocess
+
+    # A copy without build leftovers: validate refuses anything but regular files.
+    copy = tmp_path / "wordle-env"
+    shutil.copytree(SPACE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    cli = Path(sys.executable).with_name("openenv")
+    out = subprocess.run(
+        [str(cli), "validate", str(copy), "--level", "static"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, f"openenv validate failed:\n{out.stdout}\n{out.stderr}"
+    assert "FAIL" not in out.stdout, out.stdout
+    for name in ("openenv.yaml", "__init__.py", "client.py", "README.md", "pyproject.toml",
+                 "Dockerfile"):  # fmt: skip
+        assert (SPACE / name).is_file(), f"openenv push needs {name} at the env root"
+    # push turns the shared web UI on unless the Dockerfile names the switch itself
+    assert "ENABLE_WEB_INTERFACE=false" in (SPACE / "Dockerfile").read_text()

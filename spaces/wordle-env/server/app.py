@@ -1,6 +1,6 @@
-"""The Wordle Space's ASGI app, built by openenv-core's ``create_app``, and its entry point.
+"""The Wordle Space's ASGI app, built by openenv's ``create_app``, and its entry point.
 
-Routes all come from openenv-core: ``/ws`` (stateful sessions, what clients use), ``/reset``,
+Routes all come from openenv: ``/ws`` (stateful sessions, what clients use), ``/reset``,
 ``/step``, ``/state`` (stateless HTTP), ``/health``, ``/schema``, ``/metadata``, and the
 Gradio playground at ``/web`` when ``WORDLE_ENABLE_WEB`` is on. We add two things around
 them: ``MessageGuard`` (size caps, idle expiry, MCP off unless ``WORDLE_ENABLE_MCP``, a cap
@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
 
-from wordle_env.models import WordleAction, WordleObservation
+from wordle_env.models import WordleAction, WordleObservation, WordleState
 
 from .config import WordleServerConfig, load_config
 from .message_guard import MessageGuard
@@ -33,7 +33,7 @@ async def _index() -> JSONResponse:
     return JSONResponse(
         {
             "name": "wordle",
-            "sessions": "WebSocket /ws (openenv-core protocol; see /schema)",
+            "sessions": "WebSocket /ws (openenv protocol; see /schema)",
             "health": "/health",
             "web_ui": "off (WORDLE_ENABLE_WEB=1 serves the shared playground at /web)",
         }
@@ -48,7 +48,7 @@ async def _reset_error_response(request: Request, exc: Exception) -> JSONRespons
 def build_app(config: WordleServerConfig) -> FastAPI:
     """Build the app for ``config``.
 
-    openenv-core's ``create_app`` reads ``ENABLE_WEB_INTERFACE`` from the process environment
+    openenv's ``create_app`` reads ``ENABLE_WEB_INTERFACE`` from the process environment
     itself; we export the value ``config`` resolved (default off) so that the setting has one
     source.
     """
@@ -58,13 +58,14 @@ def build_app(config: WordleServerConfig) -> FastAPI:
         WordleAction,
         WordleObservation,
         env_name="wordle",
+        state_cls=WordleState,
         concurrency_config=ConcurrencyConfig(
             max_concurrent_envs=config.max_sessions,
             session_timeout=config.idle_timeout_s,
         ),
     )
     app.add_exception_handler(WordleResetError, _reset_error_response)
-    if not config.web_interface:  # with it, openenv-core redirects / to /web/
+    if not config.web_interface:  # with it, openenv redirects / to /web/
         app.add_api_route("/", _index, methods=["GET"], include_in_schema=False)
     app.add_middleware(
         MessageGuard,

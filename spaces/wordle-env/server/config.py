@@ -14,9 +14,9 @@
 | ``WORDLE_LOG_LEVEL``           | ``log_level``         | info      |
 
 ``PORT`` is the name Hugging Face Spaces and most hosts use. ``WORDLE_ENABLE_WEB`` turns on
-openenv-core's Gradio UI at ``/web`` (one game shared by every visitor, so it is off by
-default); openenv-core's own switch ``ENABLE_WEB_INTERFACE`` is read when
-``WORDLE_ENABLE_WEB`` is not set. ``WORDLE_ENABLE_MCP`` turns on openenv-core's MCP routes
+openenv's Gradio UI at ``/web`` (one game shared by every visitor, so it is off by
+default); openenv's own switch ``ENABLE_WEB_INTERFACE`` is read when
+``WORDLE_ENABLE_WEB`` is not set. ``WORDLE_ENABLE_MCP`` turns on openenv's MCP routes
 (``/mcp``), which Wordle does not use.
 """
 
@@ -50,9 +50,9 @@ class WordleServerConfig:
             larger HTTP bodies get 413.
         host: interface to bind.
         port: TCP port to bind.
-        web_interface: serve openenv-core's Gradio playground at ``/web`` (and its
+        web_interface: serve openenv's Gradio playground at ``/web`` (and its
             WebSocket ``/ws/ui``); one game shared by every visitor.
-        mcp: serve openenv-core's MCP routes (``/mcp``, HTTP and WebSocket); off: 404.
+        mcp: serve openenv's MCP routes (``/mcp``, HTTP and WebSocket); off: 404.
         max_ui_connections: concurrent ``/ws/ui`` connections of the web UI.
         ws_compression: offer permessage-deflate on WebSockets. Off by default: observations
             are a few KB and CPU, not bandwidth, is what limits a 2-vCPU Space.

@@ -1,7 +1,7 @@
-"""ASGI middleware in front of openenv-core's app: message size caps, idle expiry, and the
+"""ASGI middleware in front of openenv's app: message size caps, idle expiry, and the
 public surfaces that are off unless a deployment turns them on.
 
-openenv-core's ``/ws`` handler answers most bad input with an error frame and keeps the
+openenv's ``/ws`` handler answers most bad input with an error frame and keeps the
 session, but a frame that is valid JSON yet not an object (``[]``, ``"x"``), a binary frame,
 deeply nested JSON or JSON with lone surrogate escapes makes it drop the whole session; and
 its idle reaper frees the session slot without closing the socket, so an expired client could
@@ -9,11 +9,11 @@ keep playing outside the cap. This middleware closes those gaps without replacin
 
 - WebSocket ``/ws`` (and ``/mcp``): frames over ``max_message_bytes`` (``MESSAGE_TOO_LARGE``),
   binary frames and non-object JSON (``INVALID_MESSAGE``), JSON nested deeper than
-  ``MAX_JSON_DEPTH`` or holding lone surrogate escapes (``INVALID_JSON``; openenv-core cannot
-  serialize its echo of such input) get an error frame shaped like openenv-core's
+  ``MAX_JSON_DEPTH`` or holding lone surrogate escapes (``INVALID_JSON``; openenv cannot
+  serialize its echo of such input) get an error frame shaped like openenv's
   (``{"type": "error", "data": {"message", "code"}}``) and the session stays usable. A client
   silent for ``idle_timeout_s`` gets ``SESSION_EXPIRED`` and the connection is closed (code
-  1000), which also ends the session in openenv-core.
+  1000), which also ends the session in openenv.
 - HTTP: request bodies over ``max_message_bytes`` get 413 before the app reads them.
 - MCP (``/mcp`` over HTTP and WebSocket): refused with 404 unless ``mcp_enabled``
   (``WORDLE_ENABLE_MCP=1``). Wordle does not use MCP, and its sessions would take the slots
@@ -21,7 +21,7 @@ keep playing outside the cap. This middleware closes those gaps without replacin
 - The web UI's WebSocket ``/ws/ui`` (only served with ``WORDLE_ENABLE_WEB=1``): at most
   ``max_ui_connections`` at once (more are refused with 403), each closed after
   ``idle_timeout_s`` without a frame from the client, frames over ``max_message_bytes`` refused.
-- A client that leaves while openenv-core is closing its session (the usual order for a
+- A client that leaves while openenv is closing its session (the usual order for a
   client that sends ``{"type": "close"}`` and hangs up) is logged as one INFO line, not as an
   ERROR with a traceback.
 """
@@ -49,13 +49,13 @@ INVALID_JSON = "INVALID_JSON"
 SESSION_EXPIRED = "SESSION_EXPIRED"
 UI_PATHS = ("/ws/ui",)
 _EXAMPLE = '{"type": "step", "data": {"message": "[crane]"}}'
-# Deeper JSON is refused: openenv-core echoes invalid input in its validation errors and
+# Deeper JSON is refused: openenv echoes invalid input in its validation errors and
 # pydantic cannot serialize that echo past a few hundred levels (the session would drop).
 MAX_JSON_DEPTH = 32
 
 
 def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
-    """Why parsed JSON ``value`` would break openenv-core's echo of it, or None if it is fine.
+    """Why parsed JSON ``value`` would break openenv's echo of it, or None if it is fine.
 
     Two things do: nesting deeper than ``max_depth`` lists/objects, and strings (values or
     keys) holding lone UTF-16 surrogates (``"\\ud800"`` escapes), which cannot be encoded
@@ -104,7 +104,7 @@ else:  # pragma: no cover - Python 3.10
 
 
 def _is_mcp(path: str) -> bool:
-    """Whether a (decoded) request path is one of openenv-core's MCP routes."""
+    """Whether a (decoded) request path is one of openenv's MCP routes."""
     stripped = "/" + path.strip("/")
     return stripped == "/mcp" or stripped.startswith("/mcp/")
 
@@ -115,7 +115,7 @@ def _client(scope: Scope) -> str:
 
 
 def error_frame(code: str, message: str) -> str:
-    """An error frame as openenv-core writes them (its clients raise on ``type == "error"``)."""
+    """An error frame as openenv writes them (its clients raise on ``type == "error"``)."""
     return json.dumps({"type": "error", "data": {"message": message, "code": code}})
 
 
@@ -123,12 +123,12 @@ class MessageGuard:
     """Wraps an ASGI app; see the module docstring for what it checks.
 
     Args:
-        app: the openenv-core FastAPI app.
+        app: the openenv FastAPI app.
         max_message_bytes: largest WebSocket frame / HTTP body accepted, in bytes.
         idle_timeout_s: seconds a session may wait for the client's next frame.
-        ws_paths: the WebSocket endpoints that hold a session each: openenv-core's ``/ws``
+        ws_paths: the WebSocket endpoints that hold a session each: openenv's ``/ws``
             and ``/mcp`` (the latter only when ``mcp_enabled``).
-        mcp_enabled: serve openenv-core's MCP routes; False answers every ``/mcp`` request
+        mcp_enabled: serve openenv's MCP routes; False answers every ``/mcp`` request
             404 (HTTP) or refuses the WebSocket handshake with 404.
         max_ui_connections: concurrent ``/ws/ui`` connections allowed (the web UI's
             WebSocket, only present with the web UI on); more are refused with 403.
@@ -259,7 +259,7 @@ class MessageGuard:
         closed = False  # the connection is over: the guard closed it or the client left
 
         async def guarded_send(message: Message) -> None:
-            # openenv-core always sends a close when its session ends, even after the client
+            # openenv always sends a close when its session ends, even after the client
             # has gone (uvicorn then raises ClientDisconnected and logs a traceback) or after
             # the guard closed the connection. Nothing can go out then, so it is dropped.
             if message["type"] != "websocket.close":
@@ -359,7 +359,7 @@ class MessageGuard:
             log.info("idle session from %s was already disconnected: %s", scope.get("client"), exc)
 
     def _check_frame(self, message: Message) -> str | None:
-        """Return an error frame for a frame openenv-core would choke on, else None."""
+        """Return an error frame for a frame openenv would choke on, else None."""
         text = message.get("text")
         if text is None:
             data = message.get("bytes") or b""
@@ -378,7 +378,7 @@ class MessageGuard:
         try:
             parsed = json.loads(text)
         except json.JSONDecodeError:
-            return None  # openenv-core answers INVALID_JSON itself and keeps the session
+            return None  # openenv answers INVALID_JSON itself and keeps the session
         except RecursionError:
             problem = f"JSON nested more than {MAX_JSON_DEPTH} levels deep; send a flat message"
         except ValueError as exc:  # e.g. an integer of more than 4300 digits (int conversion)

@@ -1,6 +1,6 @@
 """The OpenEnv ``Environment`` of the Wordle Space: one ``WordleGame`` per session.
 
-openenv-core creates one instance per WebSocket session (``SUPPORTS_CONCURRENT_SESSIONS``),
+openenv creates one instance per WebSocket session (``SUPPORTS_CONCURRENT_SESSIONS``),
 so instances share nothing but the read-only word lists. Game errors (invalid moves, steps
 before reset or after the end) come back inside the observation; only bad ``reset`` options
 raise (``WordleResetError``), which the app turns into an HTTP 422 or a WebSocket error frame.
@@ -92,7 +92,7 @@ class WordleEnvironment(Environment[WordleAction, WordleObservation, WordleState
                 in ``[0, MAX_SEED]``.
             episode_id: id to report in ``state``; a UUID when None.
             target: play this word (must be an allowed guess); for tests. Not with ``seed``.
-            **kwargs: refused; listed so that openenv-core forwards unknown options here and
+            **kwargs: refused; listed so that openenv forwards unknown options here and
                 they get an error instead of being dropped silently.
 
         Returns:
