@@ -26,7 +26,13 @@ class TrainConfig:
         run_id: the run's name (bucket manifest, local folders).
         model: hub id or local folder; ``tiny`` creates a ~0.5 M-parameter Qwen3 locally. Default:
             ``tiny`` for the local run, ``Qwen/Qwen3-0.6B`` with a bucket.
-        vllm_url: the rollout replica's base URL (its ``/v1`` OpenAI API). None: start one locally.
+        vllm_url: the rollout fleet: comma-separated replica base URLs (their ``/v1`` OpenAI API),
+            and/or ``auto`` (every replica that announces its URL in a fresh bucket heartbeat
+            joins; see ``trainer.fleet``). None: start one replica locally (and let others that
+            follow the local bucket join).
+        fleet_wait_s: how long rollouts wait while no replica serves before they fail, seconds.
+        fleet_health_interval_s: seconds between the fleet's health checks and bucket reads of
+            the replicas' heartbeats (one listing and one small read per replica each time).
         env_url: the Wordle environment server's URL. None: start one locally.
         max_steps: optimizer steps.
         learning_rate: AdamW learning rate. None: 1e-4 for the ~2.4 M-parameter local model (at
@@ -76,6 +82,8 @@ class TrainConfig:
     run_id: str = "wordle-local"
     model: str | None = None
     vllm_url: str | None = None
+    fleet_wait_s: float = 900.0
+    fleet_health_interval_s: float = 5.0
     env_url: str | None = None
     max_steps: int = 30
     learning_rate: float | None = None

@@ -3,10 +3,11 @@
 Trainer (TRL AsyncGRPO, tiny model) + the Wordle Space + TWO vLLM replicas + the dashboard, on a
 file bucket, for enough steps to cross several anchors:
 
-- replica ``local-0`` serves the trainer's rollouts from the start;
-- replica ``local-1`` starts late (after ``late_at`` steps), catches up from an anchor, is killed
-  with SIGKILL once it has applied a version (a crash: no clean shutdown), and is restarted two
-  steps later, after which it re-anchors and follows again;
+- replica ``local-0`` serves the trainer's rollouts from the start, through the fleet router;
+- replica ``local-1`` starts late (after ``late_at`` steps), catches up from an anchor, joins the
+  fleet by its heartbeat and serves rollouts too, is killed with SIGKILL once it has applied a
+  version (a crash: no clean shutdown; its requests in flight go to ``local-0`` and training goes
+  on), and is restarted two steps later, after which it re-anchors, rejoins and serves again;
 - one delta (of a version that also carries an anchor) is corrupted in the bucket after upload and
   before its manifest commit: every replica refuses it (file digest mismatch), reports the error,
   and recovers from that version's anchor.
@@ -151,6 +152,7 @@ def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: i
         run_id=run_id, runs_root=runs_root, max_steps=steps, anchor_every=anchor_every,
         num_generations=4, per_device_train_batch_size=8,
         dashboard=True, dashboard_port=local_stack.free_port(), eval_episodes=16,
+        fleet_health_interval_s=1.0,
     )  # fmt: skip
     for k, v in train_overrides.items():
         setattr(cfg, k, v)
@@ -204,10 +206,24 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
             "paused_s_max": _pct([r.paused_s for r in recs], 1.0),
             "apply_s_p50": _pct([r.apply_s for r in recs], 0.5),
             "kinds": sorted({r.kind for r in recs}),
+            # rollout requests the fleet router sent it (every instance under this id: the
+            # killed late replica comes back on a new port)
+            "requests_served": sum(f["served"] for f in summary["fleet"] if f["replica_id"] == rid),
+            "requests_failed": sum(f["failed"] for f in summary["fleet"] if f["replica_id"] == rid),
+            "killed_at_step": next(
+                (
+                    e["step"]
+                    for e in summary["e2e"]["faults"]
+                    if e["event"].startswith("kill") and rid == LATE
+                ),
+                None,
+            ),  # fmt: skip
         }
     final = manifest.latest.version
     report = {
+        "steps_planned": cfg.max_steps,
         "steps": summary["steps"],
+        "max_request_wait_s": summary["max_request_wait_s"],
         "versions": [v.version for v in manifest.versions],
         "anchors": summary["anchors"],
         "final_version": final,
@@ -231,6 +247,10 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
     for rid, r in replicas.items():
         if r["held_version"] != final:
             problems.append(f"replica {rid} holds v{r['held_version']}, not the final v{final}")
+    if report["steps"] != cfg.max_steps:
+        problems.append(f"training stopped at step {report['steps']} of {cfg.max_steps}")
+    if replicas.get(LATE, {}).get("requests_served", 0) == 0:
+        problems.append(f"the late replica {LATE} joined no rollout (the fleet never used it)")
     if not report["corrupted"]:
         problems.append("no delta was corrupted (no anchor+delta version after the threshold)")
     elif not any(r["errors"] for r in replicas.values()):

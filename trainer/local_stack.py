@@ -158,6 +158,7 @@ def start_replica(
         "VLLM_PORT": str(free_port()), "REPLICA_ID": replica_id, "POLL_INTERVAL_S": "0.5",
         "MAX_MODEL_LEN": "2048", "HF_HUB_OFFLINE": "1", "HEARTBEAT_INTERVAL_S": "2",
         "VLLM_EXTRA_ARGS": "--enforce-eager",  # skips a ~50 s compile step on the CPU build
+        "ROLLOUT_PUBLIC_URL": f"http://127.0.0.1:{port}",  # announced: the trainer's fleet joins it
         **(extra_env or {}),
     }  # fmt: skip
     return _spawn(

@@ -21,7 +21,7 @@ from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.status import read_heartbeats
 from deltasync.store import Store
 
-from . import local_stack, trl_compat
+from . import fleet, local_stack, trl_compat
 from .bucket_transfer import BucketWeightTransfer
 from .config import TINY, TrainConfig
 from .evaluate import check_context, evaluate
@@ -167,6 +167,7 @@ class RunContext:
     logs_dir: str
     children: list
     publisher: DeltaPublisher | None = None
+    fleet: fleet.ReplicaPool | None = None  # set once the rollout fleet is up
 
 
 def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -> dict:
@@ -186,6 +187,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
     storage = {"token": cfg.hf_token} if store_uri.startswith("hf://") and cfg.hf_token else {}
     store = Store(store_uri, **storage)
     children: list[local_stack.Child] = []
+    stoppers: list = []  # the fleet router and pool, stopped before the children
     logs_dir = os.path.join(cfg.run_dir, "logs")
     file_log = local_stack.log_to_file(os.path.join(logs_dir, "trainer.log"))
     t_start = time.time()
@@ -205,10 +207,11 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
                 anchor_every=cfg.anchor_every, keep_anchors=cfg.keep_anchors, takeover=cfg.takeover
             ),
         )
-        if cfg.vllm_url is None:
+        fixed_urls, discover = fleet.parse_vllm_urls(cfg.vllm_url)
+        if not fixed_urls and not discover:  # the local default: one replica of our own
             replica = local_stack.start_replica(store_uri, model_path, logs_dir)
             children.append(replica)
-            cfg.vllm_url = replica.url
+            fixed_urls, discover = [replica.url], True  # late local replicas join by heartbeat
         if cfg.dashboard and cfg.local:
             children.append(local_stack.start_dashboard(store_uri, cfg.dashboard_port, logs_dir))
             log.info("dashboard: http://127.0.0.1:%d", cfg.dashboard_port)
@@ -217,11 +220,23 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             publisher_hook(ctx)
         for child in children:
             child.wait_healthy(900)
-        replica_url = cfg.vllm_url
-        headers = cfg.rollout_headers(replica_url)
+        pool = fleet.ReplicaPool(
+            fixed_urls, store if discover else None, cfg.rollout_headers,
+            published_version_fn=lambda: publisher.published[-1].version
+            if publisher.published else None,
+            max_staleness=cfg.max_staleness, health_interval_s=cfg.fleet_health_interval_s,
+            require_https=not store.is_local,
+        ).start()  # fmt: skip
+        router = fleet.FleetRouter(pool, wait_s=cfg.fleet_wait_s)
+        ctx.fleet = pool
+        stoppers.extend([router.stop, pool.stop])
+        # TRL, the context check and the evaluations all reach the fleet through the router.
+        replica_url = cfg.vllm_url = router.start(local_stack.free_port())
+        log.info("rollout fleet behind %s: %s", replica_url, pool.describe())
+        headers: dict[str, str] = {}  # the router adds each replica's own
 
         def replica_version():
-            return local_stack.held_version(replica_url, headers)
+            return pool.oldest_serving_version()
 
         worst = check_context(replica_url, model_path, cfg.max_completion_length, headers)
         log.info("a full episode fits the replica's context (at most %d tokens)", worst)
@@ -246,8 +261,6 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             cfg, model_path, publisher, replica_version, lambda v: run_eval("before", 0, v)
         )
         metrics_cb.tagger = tagger
-        if headers:
-            trl_compat.authorize_rollouts(trainer, headers["Authorization"])
         trainer.add_callback(metrics_cb)
         for make_callback in callbacks:
             trainer.add_callback(make_callback(ctx))
@@ -269,12 +282,16 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             step_s_median=metrics_cb.step_s_median(),
             stale_fraction=metrics_cb.stale_fraction(),
         )
+        summary["fleet"] = pool.snapshot()
+        summary["max_request_wait_s"] = round(router.max_wait_observed_s, 1)
         summary["trainer_model_digest"] = _model_digest(trainer.model)
         summary["replica_bit_exact"] = _replica_bit_exact(summary)
         if before_stop is not None:
             before_stop(ctx, summary)
         summary["wall_s"] = round(time.time() - t_start, 1)
     finally:
+        for stop in reversed(stoppers):
+            stop()
         for child in reversed(children):
             child.stop()
         logging.getLogger().removeHandler(file_log)

@@ -127,42 +127,6 @@ def bound_score_queue(trainer, groups: int) -> bool:
     return True
 
 
-def authorize_rollouts(trainer, authorization: str) -> bool:
-    """Make TRL's rollout child send ``Authorization: <authorization>`` on its requests to the
-    replica (a private Space, or a replica with ``ROLLOUT_API_KEY``): the child's loop class
-    becomes ``trainer.rollout_auth.AuthRolloutLoop`` and the value travels in the environment the
-    spawned child inherits. Returns False on other ranks (no worker).
-
-    Raises:
-        TRLCompatError: TRL's worker no longer builds its loop from ``_loop_cls`` or the loop's
-            ``_post`` changed its signature.
-    """
-    import inspect
-    import os
-
-    from trl.experimental.async_grpo import async_rollout_worker
-
-    from .rollout_auth import AUTH_VAR, AuthRolloutLoop
-
-    worker = getattr(trainer, "rollout_worker", None)
-    if worker is None:
-        return False
-    post = getattr(async_rollout_worker._AsyncRolloutLoop, "_post", None)
-    expected = ["self", "path", "payload", "timeout", "max_retries"]
-    if (
-        not hasattr(worker, "_loop_cls")
-        or post is None
-        or list(inspect.signature(post).parameters) != expected
-    ):
-        raise TRLCompatError(
-            "TRL's rollout worker no longer posts through _AsyncRolloutLoop._post(path, payload, "
-            "timeout, max_retries) built from _loop_cls: TRL changed, re-check trainer/rollout_auth.py"
-        )
-    os.environ[AUTH_VAR] = authorization
-    worker._loop_cls = AuthRolloutLoop
-    return True
-
-
 def wrap_rollout_worker(trainer, wrap):
     """Replace the rollout worker TRL built (rank 0) with ``wrap(worker)``, and point TRL's
     rollout queue at the wrapper's ``rollout_buffer``. Done after construction and before

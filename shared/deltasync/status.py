@@ -74,6 +74,9 @@ class ReplicaHeartbeat(_Strict):
     errors: int = 0
     updated_at: float = Field(default_factory=time.time)
     recent: list[SyncRecord] = Field(default_factory=list)  # newest last, bounded
+    # Base URL where the replica serves the OpenAI API under /v1 (its public front), announced
+    # so that a trainer can discover the fleet from the bucket; None: not announced.
+    url: str | None = None
 
 
 class StepMetrics(_Strict):

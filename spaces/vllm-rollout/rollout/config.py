@@ -91,6 +91,9 @@ class RolloutConfig:
         vllm_extra_args: more vLLM CLI arguments.
         stage_dir: local folder of staging files (RAM-backed where possible).
         startup_timeout_s: seconds to wait for vLLM to become healthy.
+        public_url: the base URL at which trainers reach this replica's ``/v1``, announced in its
+            heartbeat (``ROLLOUT_PUBLIC_URL``; on a Space ``https://$SPACE_HOST``); None: not
+            announced (the trainer then needs its URL in ``VLLM_URL``).
     """
 
     store_uri: str
@@ -112,6 +115,7 @@ class RolloutConfig:
     vllm_extra_args: tuple[str, ...] = ()
     stage_dir: str = field(default_factory=default_stage_dir)
     startup_timeout_s: float = 1800.0
+    public_url: str | None = None
 
     def __post_init__(self):
         if not self.store_uri:
@@ -176,6 +180,9 @@ class RolloutConfig:
             kw["replica_id"] = replica
         if env.get("STAGE_DIR"):
             kw["stage_dir"] = env["STAGE_DIR"]
+        public_url = env.get("ROLLOUT_PUBLIC_URL") or (
+            f"https://{env['SPACE_HOST']}" if env.get("SPACE_HOST") else None
+        )
         return cls(
             store_uri=env.get("DELTASYNC_STORE") or env.get("BUCKET", ""),
             model=env.get("MODEL", ""),
@@ -194,5 +201,6 @@ class RolloutConfig:
             gpu_memory_utilization=num("GPU_MEMORY_UTILIZATION", None),
             vllm_extra_args=tuple(shlex.split(env.get("VLLM_EXTRA_ARGS", ""))),
             startup_timeout_s=num("STARTUP_TIMEOUT_S", 1800.0),
+            public_url=public_url.rstrip("/") if public_url else None,
             **kw,
         )

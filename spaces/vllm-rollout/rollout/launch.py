@@ -194,7 +194,7 @@ def main() -> None:
         engine = VLLMControl(cfg.vllm_url)
         loop = SyncLoop(
             cfg.store_uri, engine, cfg.replica_id, cfg.poll_interval_s,
-            cfg.heartbeat_interval_s, cfg.apply_path, cfg.stage_dir,
+            cfg.heartbeat_interval_s, cfg.apply_path, cfg.stage_dir, public_url=cfg.public_url,
         )  # fmt: skip
         loop.start()  # raises UnsupportedModelError for quantized / MoE models
         app = create_app(

@@ -18,6 +18,7 @@ not forwarded (vLLM's three routes take none).
   with or without ``Content-Length``, after reading at most that many bytes. While the replica
   has no verified bucket version yet (``require_synced``) or is paused for a recovery, answered
   503. ``/v1/models`` reports each model's ``root`` as its served name, not vLLM's local path.
+  Every answer carries ``X-Deltasync-Version``: the oldest bucket version that generated it.
 - ``GET /health``: 200 with ``{"status", "held_version", "newest_seen", "ready"}`` while vLLM is
   healthy, else 503. Versions are not secrets.
 - ``GET /control/status``: the full heartbeat (timings, errors). ``POST /control/sync``: poll now.
@@ -63,6 +64,8 @@ FRONT_ROUTES: dict[str, frozenset[str]] = {
 }
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
+# Response header of every proxied /v1 answer: the bucket version that generated it.
+VERSION_HEADER = "X-Deltasync-Version"
 _HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
 _DROP_REQUEST_HEADERS = _HOP_HEADERS | {
     "authorization",
@@ -334,11 +337,17 @@ def create_app(
         headers = {
             k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST_HEADERS
         }
+        served = loop.served_version
         # The URL is the allow-list constant `route`; nothing of the request's path or query.
         r = await _send_upstream(request.method, route, headers, body)
         if isinstance(r, Response):
             return r
         out_headers = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_HEADERS}
+        # The oldest bucket version that generated a token of this response: the one held when
+        # the request arrived (an apply pauses generation and keeps requests in flight, so later
+        # tokens may come from a newer version, never an older one).
+        if served is not None:
+            out_headers[VERSION_HEADER] = str(served)
         if route == "/v1/models":
             try:
                 data = _public_models(await r.aread())

@@ -137,11 +137,13 @@ class SyncLoop:
         error_poll_interval_s: float = 30.0,
         heartbeat_min_gap_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        public_url: str | None = None,
     ):
         self.subscriber = DeltaSubscriber(store_uri)
         self.store = self.subscriber.store
         self.engine = engine
         self.replica_id = replica_id
+        self.public_url = public_url
         remote = not self.store.is_local and not self.store.uri.startswith("memory://")
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max(
@@ -506,6 +508,7 @@ class SyncLoop:
             last_error=self.last_error,
             errors=self.errors,
             recent=list(self.recent[-20:]),
+            url=self.public_url,
         )
 
     def _heartbeat(self, force: bool = False) -> None:

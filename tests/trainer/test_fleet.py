@@ -1,0 +1,184 @@
+"""The replica fleet (``trainer.fleet``): the router TRL talks to, over real HTTP servers on
+127.0.0.1 (fake replicas that answer like the replica's front).
+
+Covers: requests spread over healthy replicas; a replica that refuses connections, answers 503,
+or hangs past the timeout loses no request (it goes to another); a 500 that every replica gives
+is handed back instead of waited on; with no replica the request waits and goes on when one
+returns, or gets 503 naming each replica after ``wait_s``; discovery from bucket heartbeats (join,
+leave when stale, malformed or plain-http URLs ignored with a warning); a replica too far behind
+is drained; per-replica headers replace the caller's Authorization.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+
+import httpx
+import pytest
+
+from deltasync.status import ReplicaHeartbeat, write_heartbeat
+from deltasync.store import Store
+from trainer.fleet import FleetRouter, ReplicaPool, parse_vllm_urls
+
+from .fleet_fakes import FakeReplica, free_port
+
+BODY = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4}
+
+
+@pytest.fixture
+def fleet():
+    """fleet(urls, **pool_kw) -> (pool, router URL); everything stopped at the end."""
+    started: list = []
+
+    def make(urls=None, wait_s=30.0, request_timeout_s=10.0, **kw):
+        pool = ReplicaPool(urls, health_interval_s=0.2, **kw).start()
+        router = FleetRouter(pool, wait_s=wait_s, request_timeout_s=request_timeout_s,
+                             log_every_s=0.5)  # fmt: skip
+        started.append((pool, router))
+        return pool, router.start(free_port())
+
+    yield make
+    for pool, router in started:
+        router.stop()
+        pool.stop()
+
+
+@pytest.fixture
+def replicas():
+    made: list[FakeReplica] = []
+
+    def make(n: int, **kw) -> list[FakeReplica]:
+        out = [FakeReplica(**kw).start() for _ in range(n)]
+        made.extend(out)
+        return out
+
+    yield make
+    for r in made:
+        r.stop()
+
+
+def post_many(url: str, n: int, concurrency: int = 8) -> list[httpx.Response]:
+    with httpx.Client(timeout=60) as c, concurrent.futures.ThreadPoolExecutor(concurrency) as ex:
+        return list(ex.map(lambda _: c.post(f"{url}/v1/completions", json=BODY), range(n)))
+
+
+def test_requests_spread_over_every_healthy_replica(fleet, replicas):
+    a, b = replicas(2, delay_s=0.05)
+    pool, url = fleet([a.url, b.url])
+    out = post_many(url, 40)
+    assert all(r.status_code == 200 for r in out)
+    assert all(r.json()["echo"] == BODY for r in out)  # the body reached a replica unchanged
+    by = {r.headers["X-Deltasync-Replica"] for r in out}
+    assert by == {a.url, b.url}
+    assert min(a.requests, b.requests) >= 0.2 * 40  # each serves at least 20%
+    assert all(r.headers["X-Deltasync-Version"] == "1" for r in out)
+
+
+def test_refused_503_and_hanging_replicas_lose_no_request(fleet, replicas):
+    good, busy, hung, dead = replicas(4)
+    busy.mode = "503"  # re-anchoring
+    hung.mode, hung.hang_s = "hang", 5.0
+    dead.stop()  # refuses connections
+    pool, url = fleet([good.url, busy.url, hung.url, dead.url], request_timeout_s=1.0)
+    for r in (busy, hung):  # make them look healthy to the router: /health still answers
+        assert any(p["url"] == r.url and p["state"] == "serving" for p in pool.snapshot())
+    out = post_many(url, 12, concurrency=4)
+    assert [r.status_code for r in out] == [200] * 12
+    assert {r.headers["X-Deltasync-Replica"] for r in out} == {good.url}
+    failed = {p["url"]: p["failed"] for p in pool.snapshot()}
+    assert failed[busy.url] >= 1 and failed[hung.url] >= 1 and failed[dead.url] >= 1
+
+
+def test_a_server_error_every_replica_gives_is_handed_back(fleet, replicas):
+    a, b = replicas(2)
+    a.mode = b.mode = "500"
+    _, url = fleet([a.url, b.url], wait_s=60.0)
+    r = httpx.post(f"{url}/v1/completions", json=BODY, timeout=30)
+    assert r.status_code == 500 and a.requests == 1 and b.requests == 1
+
+
+def test_no_replica_waits_then_goes_on_when_one_returns(fleet, replicas, caplog):
+    (a,) = replicas(1)
+    a.stop()
+    pool, url = fleet([a.url], wait_s=60.0)
+    result: dict = {}
+    t = threading.Thread(
+        target=lambda: result.update(r=httpx.post(f"{url}/v1/completions", json=BODY, timeout=60))
+    )
+    with caplog.at_level(logging.WARNING, logger="trainer.fleet"):
+        t.start()
+        time.sleep(1.5)
+        assert t.is_alive()  # waiting, not failed
+        a.start()  # the replica comes back on the same port
+        t.join(30)
+    assert result["r"].status_code == 200
+    assert any("waiting" in m and a.url in m for m in caplog.messages)
+
+
+def test_no_replica_for_wait_s_is_a_503_that_names_each_replica(fleet, replicas):
+    (a,) = replicas(1)
+    a.stop()
+    _, url = fleet([a.url], wait_s=1.0)
+    r = httpx.post(f"{url}/v1/completions", json=BODY, timeout=30)
+    assert r.status_code == 503
+    assert a.url in r.json()["error"] and "down" in r.json()["error"]
+
+
+def test_discovery_from_heartbeats_join_leave_and_bad_urls(replicas, caplog):
+    a, b = replicas(2)
+    store = Store("memory://fleet-discovery")
+
+    def announce(rid: str, url: str, age_s: float = 0.0) -> None:
+        write_heartbeat(store, ReplicaHeartbeat(
+            replica_id=rid, held_version=1, newest_seen=1, lag_versions=0, lag_s=0.0,
+            status="ok", url=url, updated_at=time.time() - age_s))  # fmt: skip
+
+    pool = ReplicaPool(store=store, heartbeat_max_age_s=60.0, require_https=True)
+    announce("a", a.url)
+    announce("evil", "http://203.0.113.7:8000")  # plain http off loopback, remote bucket
+    announce("bad", "ftp://x/y")
+    with caplog.at_level(logging.WARNING, logger="trainer.fleet"):
+        pool.refresh()
+    assert [p["url"] for p in pool.snapshot()] == [a.url]
+    assert sum("ignored" in m for m in caplog.messages) == 2
+    announce("b", b.url)  # joins late
+    pool.refresh()
+    assert {p["url"]: p["state"] for p in pool.snapshot()} == {a.url: "serving", b.url: "serving"}
+    announce("a", a.url, age_s=120.0)  # its heartbeat goes stale: it leaves
+    pool.refresh()
+    assert {p["url"]: p["state"] for p in pool.snapshot()} == {a.url: "gone", b.url: "serving"}
+    assert pool.acquire(exclude=set()).url == b.url
+    pool.stop()
+
+
+def test_a_replica_too_far_behind_is_drained(fleet, replicas):
+    old, new = replicas(2)
+    old.version, new.version = 1, 9
+    pool, url = fleet([old.url, new.url], published_version_fn=lambda: 10, max_staleness=4)
+    states = {p["url"]: p["state"] for p in pool.snapshot()}
+    assert states == {old.url: "draining", new.url: "serving"}
+    out = post_many(url, 6)
+    assert {r.headers["X-Deltasync-Replica"] for r in out} == {new.url} and old.requests == 0
+    old.version = 8
+    pool.refresh()
+    assert {p["url"]: p["state"] for p in pool.snapshot()}[old.url] == "serving"
+
+
+def test_per_replica_headers_replace_the_callers_authorization(fleet, replicas):
+    (a,) = replicas(1)
+    _, url = fleet([a.url], headers_for=lambda u: {"Authorization": "Bearer replica-token"})
+    r = httpx.post(f"{url}/v1/completions", json=BODY,
+                   headers={"Authorization": "Bearer from-trl"}, timeout=30)  # fmt: skip
+    assert r.status_code == 200
+    assert a.auth == ["Bearer replica-token"]
+
+
+def test_vllm_url_lists_and_auto():
+    assert parse_vllm_urls("https://a, https://b") == (["https://a", "https://b"], False)
+    assert parse_vllm_urls("auto") == ([], True)
+    assert parse_vllm_urls("auto,http://127.0.0.1:9") == (["http://127.0.0.1:9"], True)
+    with pytest.raises(ValueError, match="VLLM_URL entry"):
+        ReplicaPool(["not a url"])

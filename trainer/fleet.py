@@ -1,0 +1,453 @@
+"""The replica fleet: every rollout replica that follows the bucket serves the trainer's rollouts.
+
+TRL's rollout worker talks to one server (``vllm_server_base_url``). :class:`FleetRouter` is that
+server: an HTTP proxy on 127.0.0.1 inside the trainer process that sends each ``/v1`` request to
+one replica of a :class:`ReplicaPool` and, when that replica fails (connection refused or reset,
+timeout, 5xx, 503 while it re-anchors), sends the same request to another, so no request is lost
+while any replica serves. With none serving, requests wait (one log line about every 10 s naming
+each replica and its state) and go on when one returns; after ``wait_s`` they get 503 with what
+to check.
+
+Pool membership: a fixed list of URLs (``VLLM_URL=https://a,https://b``) and/or discovery from the
+bucket (``VLLM_URL=auto``): every replica announces its ``/v1`` base URL in its heartbeat
+(``replicas/<id>.json``, field ``url``); a fresh heartbeat with a URL joins the pool, one older
+than ``heartbeat_max_age_s`` leaves it. Each member's ``GET /health`` is polled every
+``health_interval_s``; states: ``joining`` (not yet healthy or no version yet), ``serving``,
+``draining`` (more than ``max_staleness`` versions behind the trainer: no new requests until it
+catches up), ``down`` (its last health check or request failed), ``gone`` (heartbeat stale).
+
+Policy: least outstanding requests among serving replicas. Episode stickiness (the turns of one
+episode on one replica, for its prefix cache) is not done: TRL's requests carry no episode id.
+
+Why not ``vllm-router`` (PyPI 0.1.17, evaluated on 127.0.0.1, see the fleet issue's note): it
+forwards the client's ``Authorization`` but cannot set one per replica, its sticky policies retry
+a failed request on the same replica until a circuit breaker opens (10 failures), and its
+``sticky_least_loaded`` balances sessions, not requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import httpx
+
+from deltasync.status import read_heartbeats
+from deltasync.store import Store
+
+log = logging.getLogger("trainer.fleet")
+
+AUTO = "auto"
+VERSION_HEADER = "X-Deltasync-Version"  # set by the replica's front (rollout.server)
+REPLICA_HEADER = "X-Deltasync-Replica"  # set here: which replica answered
+_HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
+                "content-length", "content-encoding", "authorization"}  # fmt: skip
+
+
+class FleetUnavailableError(RuntimeError):
+    """No replica served for ``wait_s`` seconds; the message names each replica's last state."""
+
+
+@dataclass
+class Replica:
+    """One member of the pool (fields are read and written under the pool's lock).
+
+    Attributes:
+        url: base URL of its public front (``/v1``, ``/health`` below it), no trailing slash.
+        replica_id: its id from the heartbeat, or the URL for fixed members.
+        state: ``joining``, ``serving``, ``draining``, ``down`` or ``gone``.
+        held_version: the bucket version it serves (``/health``), None before its first sync.
+        inflight: requests sent and not yet answered.
+        served: requests it answered (2xx-4xx).
+        failed: requests or health checks that failed.
+        last_error: the last failure, in words.
+        from_heartbeat: discovered from the bucket (leaves when its heartbeat goes stale).
+    """
+
+    url: str
+    replica_id: str
+    state: str = "joining"
+    held_version: int | None = None
+    inflight: int = 0
+    served: int = 0
+    failed: int = 0
+    last_error: str | None = None
+    from_heartbeat: bool = False
+    versions: dict[int, int] = field(default_factory=dict)  # version -> requests answered
+
+    def describe(self) -> str:
+        """``id (url) state vN [error]``: one replica in a log line."""
+        err = f" ({self.last_error})" if self.last_error and self.state != "serving" else ""
+        return f"{self.replica_id} {self.state} v{self.held_version}{err}"
+
+
+def valid_replica_url(url: str, require_https: bool) -> str | None:
+    """Why ``url`` cannot be a replica's base URL, or None when it can. Plain ``http`` is
+    accepted only for loopback hosts, or anywhere when ``require_https`` is False."""
+    try:
+        p = urlparse(url)
+    except ValueError as e:
+        return f"unparsable ({e})"
+    if p.scheme not in ("http", "https") or not p.hostname:
+        return "expected http(s)://host[:port]"
+    if p.query or p.fragment or p.username or p.password:
+        return "expected no query, fragment or credentials"
+    loopback = p.hostname in ("127.0.0.1", "localhost", "::1")
+    if require_https and p.scheme != "https" and not loopback:
+        return "expected https:// (a replica reached over the internet)"
+    return None
+
+
+class ReplicaPool:
+    """The replicas rollouts may go to, kept current by a background thread.
+
+    Args:
+        urls: fixed members (base URLs).
+        store: the run's bucket, for discovery from heartbeats; None: fixed members only.
+        headers_for: headers for requests to a replica's URL (e.g. a private Space's
+            ``Authorization``); never forwarded from TRL's requests.
+        published_version_fn: the trainer's newest published version (None before the first).
+        max_staleness: a replica more than this many versions behind is drained.
+        health_interval_s: seconds between health checks (and discovery reads).
+        heartbeat_max_age_s: a discovered replica whose heartbeat is older leaves the pool.
+        require_https: refuse discovered non-loopback ``http://`` URLs (remote buckets).
+    """
+
+    def __init__(
+        self,
+        urls: list[str] | None = None,
+        store: Store | None = None,
+        headers_for: Callable[[str], dict[str, str]] = lambda url: {},
+        published_version_fn: Callable[[], int | None] = lambda: None,
+        max_staleness: int | None = None,
+        health_interval_s: float = 2.0,
+        heartbeat_max_age_s: float = 180.0,
+        require_https: bool = False,
+    ):
+        self.store = store
+        self.headers_for = headers_for
+        self.published_version_fn = published_version_fn
+        self.max_staleness = max_staleness
+        self.health_interval_s = health_interval_s
+        self.heartbeat_max_age_s = heartbeat_max_age_s
+        self.require_https = require_https
+        self.lock = threading.Lock()
+        self.replicas: dict[str, Replica] = {}
+        self._warned: set[str] = set()
+        for url in urls or []:
+            problem = valid_replica_url(url, require_https=False)
+            if problem:
+                raise ValueError(f"VLLM_URL entry {url!r}: {problem}")
+            url = url.rstrip("/")
+            self.replicas[url] = Replica(url, url)
+        self._http = httpx.Client(timeout=5.0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._changed = threading.Condition(self.lock)
+
+    # ----------------------------------------------------------------------------- membership
+    def discover(self) -> None:
+        """Add replicas announced by fresh heartbeats; mark those whose heartbeat is stale (or
+        names another URL now) ``gone``."""
+        if self.store is None:
+            return
+        now = time.time()
+        seen: set[str] = set()
+        for hb in read_heartbeats(self.store).values():
+            if not hb.url or now - hb.updated_at > self.heartbeat_max_age_s:
+                continue
+            problem = valid_replica_url(hb.url, self.require_https)
+            if problem:
+                if hb.url not in self._warned:
+                    self._warned.add(hb.url)
+                    log.warning("replica %s announces %r: %s; ignored", hb.replica_id, hb.url,
+                                problem)  # fmt: skip
+                continue
+            url = hb.url.rstrip("/")
+            seen.add(url)
+            with self.lock:
+                r = self.replicas.get(url)
+                if r is None:
+                    self.replicas[url] = Replica(url, hb.replica_id, from_heartbeat=True)
+                    log.info("replica %s joins the fleet at %s", hb.replica_id, url)
+                elif r.state == "gone":
+                    r.state = "joining"
+                    log.info("replica %s rejoins the fleet at %s", hb.replica_id, url)
+                if r is not None and r.replica_id == url:  # a fixed member: name it
+                    r.replica_id = hb.replica_id
+        with self.lock:
+            for url, r in self.replicas.items():
+                if r.from_heartbeat and url not in seen and r.state != "gone":
+                    r.state = "gone"  # kept (with its counts), never routed to
+                    log.info("replica %s leaves the fleet (heartbeat stale)", r.replica_id)
+            self._changed.notify_all()
+
+    def check_health(self) -> None:
+        """Poll every member's ``/health`` and set its state."""
+        with self.lock:
+            members = [r for r in self.replicas.values() if r.state != "gone"]
+        newest = self.published_version_fn()
+        for r in members:
+            try:
+                resp = self._http.get(f"{r.url}/health", headers=self.headers_for(r.url))
+                body = resp.json() if resp.status_code == 200 else {}
+                error = None if resp.status_code == 200 else f"/health answered {resp.status_code}"
+            except (httpx.HTTPError, ValueError) as e:
+                body, error = {}, f"/health failed: {type(e).__name__}"
+            with self.lock:
+                before = r.state
+                if error is not None:
+                    r.state, r.last_error = "down", error
+                    r.failed += 1
+                else:
+                    r.held_version = body.get("held_version")
+                    if r.held_version is None or body.get("ready") is False:
+                        r.state = "joining"
+                    elif (
+                        newest is not None
+                        and self.max_staleness is not None
+                        and newest - r.held_version > self.max_staleness
+                    ):
+                        r.state = "draining"
+                    else:
+                        r.state = "serving"
+                if r.state != before:
+                    log.info("replica %s: %s -> %s", r.replica_id, before, r.describe())
+                self._changed.notify_all()
+
+    def refresh(self) -> None:
+        """One discovery read and one round of health checks."""
+        self.discover()
+        self.check_health()
+
+    def start(self) -> ReplicaPool:
+        """Refresh now, then every ``health_interval_s`` in a daemon thread."""
+        self.refresh()
+
+        def loop() -> None:
+            while not self._stop.wait(self.health_interval_s):
+                try:
+                    self.refresh()
+                except Exception:  # a bad bucket read must not end the fleet's upkeep
+                    log.exception("fleet refresh failed; retrying in %.0fs", self.health_interval_s)
+
+        self._thread = threading.Thread(target=loop, name="fleet-health", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._http.close()
+
+    # ------------------------------------------------------------------------------- routing
+    def acquire(self, exclude: set[str]) -> Replica | None:
+        """The serving replica with the fewest requests in flight (not in ``exclude``), its
+        ``inflight`` counted up; None when there is none."""
+        with self.lock:
+            ready = [r for r in self.replicas.values()
+                     if r.state == "serving" and r.url not in exclude]  # fmt: skip
+            if not ready:
+                return None
+            r = min(ready, key=lambda x: (x.inflight, x.served))
+            r.inflight += 1
+            return r
+
+    def release(self, r: Replica, error: str | None, version: int | None = None,
+                count_failure: bool = False) -> None:  # fmt: skip
+        """Count a finished request; ``error`` marks the replica ``down`` until its next
+        successful health check; ``count_failure`` counts a failed answer of a live replica."""
+        with self.lock:
+            r.inflight -= 1
+            if count_failure:
+                r.failed += 1
+            elif error is None:
+                r.served += 1
+                if version is not None:
+                    r.versions[version] = r.versions.get(version, 0) + 1
+            else:
+                r.failed += 1
+                r.last_error = error
+                if r.state == "serving":
+                    log.info("replica %s: serving -> down (%s)", r.replica_id, error)
+                r.state = "down"
+            self._changed.notify_all()
+
+    def wait_change(self, timeout_s: float) -> None:
+        """Block until a member changes state or ``timeout_s`` passes."""
+        with self.lock:
+            self._changed.wait(timeout_s)
+
+    def describe(self) -> str:
+        """Every member in one line (for waits and errors)."""
+        with self.lock:
+            parts = [f"{r.describe()} at {r.url}" for r in self.replicas.values()
+                     if r.state != "gone"]  # fmt: skip
+        return "; ".join(parts) or "no replica known (none announced in the bucket)"
+
+    def snapshot(self) -> list[dict]:
+        """Per replica: url, id, state, held version, in flight, served, failed, last error."""
+        with self.lock:
+            return [
+                {"url": r.url, "replica_id": r.replica_id, "state": r.state,
+                 "held_version": r.held_version, "inflight": r.inflight, "served": r.served,
+                 "failed": r.failed, "last_error": r.last_error}
+                for r in self.replicas.values()
+            ]  # fmt: skip
+
+    def oldest_serving_version(self) -> int | None:
+        """The oldest version any serving (or draining) replica holds: the version to tag new
+        rollouts with when it is not known which replica generates them."""
+        with self.lock:
+            held = [r.held_version for r in self.replicas.values()
+                    if r.state in ("serving", "draining") and r.held_version is not None]  # fmt: skip
+        return min(held) if held else None
+
+
+class FleetRouter:
+    """The single server TRL sees: ``/v1/*`` spread over ``pool`` with retries; ``/health``.
+
+    Args:
+        pool: the replicas (started by the caller).
+        wait_s: how long a request waits while no replica serves before it gets 503.
+        request_timeout_s: per attempt; a replica that takes longer is marked down and the
+            request goes to another.
+        log_every_s: seconds between the "waiting for a replica" lines.
+    """
+
+    def __init__(self, pool: ReplicaPool, wait_s: float = 900.0, request_timeout_s: float = 300.0,
+                 log_every_s: float = 10.0):  # fmt: skip
+        self.pool = pool
+        self.wait_s = wait_s
+        self.request_timeout_s = request_timeout_s
+        self.log_every_s = log_every_s
+        self.max_wait_observed_s = 0.0
+        self._server = None
+        self._thread: threading.Thread | None = None
+        self.url: str | None = None
+
+    def app(self):
+        """The ASGI app (Starlette)."""
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response
+        from starlette.routing import Route
+
+        client: dict[str, httpx.AsyncClient] = {}
+
+        def http() -> httpx.AsyncClient:
+            if "c" not in client:
+                client["c"] = httpx.AsyncClient(
+                    timeout=httpx.Timeout(self.request_timeout_s, connect=5.0),
+                    limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+                )
+            return client["c"]
+
+        async def health(request: Request) -> Response:
+            serving = any(r["state"] == "serving" for r in self.pool.snapshot())
+            return JSONResponse({"status": "ok" if serving else "waiting",
+                                 "replicas": self.pool.snapshot()},
+                                status_code=200 if serving else 503)  # fmt: skip
+
+        async def proxy(request: Request) -> Response:
+            body = await request.body()
+            path = request.url.path
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+            t0 = time.monotonic()
+            last_log = t0
+            tried: set[str] = set()
+            answered: httpx.Response | None = None  # a 5xx other than 503 from a live replica
+            while True:
+                r = self.pool.acquire(tried)
+                if r is None and answered is not None:
+                    # Every serving replica answered this request with a server error: it is
+                    # the request, not the fleet. Hand the last answer back instead of waiting.
+                    return _response(answered, None)
+                if r is None:
+                    waited = time.monotonic() - t0
+                    if waited > self.wait_s:
+                        msg = (
+                            f"no rollout replica served for {waited:.0f}s: {self.pool.describe()}"
+                            ". Check that the rollout replicas run and follow this bucket "
+                            "(their /health, their heartbeats in the bucket) and VLLM_URL."
+                        )
+                        log.error(msg)
+                        return JSONResponse({"error": msg}, status_code=503)
+                    if time.monotonic() - last_log >= self.log_every_s:
+                        last_log = time.monotonic()
+                        log.warning("waiting %.0fs for a rollout replica: %s", waited,
+                                    self.pool.describe())  # fmt: skip
+                    await asyncio.to_thread(self.pool.wait_change, 0.5)
+                    tried.clear()  # every replica may be tried again once one changes
+                    continue
+                try:
+                    resp = await http().request(request.method, r.url + path, content=body,
+                                                headers={**headers, **self.pool.headers_for(r.url)},
+                                                params=request.query_params)  # fmt: skip
+                except httpx.HTTPError as e:  # refused, reset, timed out: the replica is down
+                    self.pool.release(r, f"{type(e).__name__} on {path}")
+                    tried.add(r.url)
+                    continue
+                tried.add(r.url)
+                if resp.status_code == 503:  # re-anchoring, restarting: down until healthy
+                    self.pool.release(r, f"{path} answered 503")
+                    continue
+                if resp.status_code >= 500:
+                    self.pool.release(r, None, count_failure=True)
+                    answered = resp
+                    continue
+                version = resp.headers.get(VERSION_HEADER)
+                self.pool.release(r, None, int(version) if version and version.isdigit() else None)
+                self.max_wait_observed_s = max(self.max_wait_observed_s, time.monotonic() - t0)
+                return _response(resp, r.replica_id)
+
+        return Starlette(routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/{rest:path}", proxy, methods=["GET", "POST"]),
+        ])  # fmt: skip
+
+    def start(self, port: int) -> str:
+        """Serve on ``127.0.0.1:port`` in a daemon thread; returns the base URL."""
+        import uvicorn
+
+        config = uvicorn.Config(self.app(), host="127.0.0.1", port=port, log_level="warning",
+                                access_log=False)  # fmt: skip
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="fleet-router", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the fleet router did not start on 127.0.0.1:{port}")
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def _response(resp: httpx.Response, replica_id: str | None):
+    """A replica's answer as the router's (hop-by-hop headers dropped, the replica named)."""
+    from starlette.responses import Response
+
+    out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+    if replica_id is not None:
+        out[REPLICA_HEADER] = replica_id
+    return Response(resp.content, resp.status_code, out)
+
+
+def parse_vllm_urls(value: str | None) -> tuple[list[str], bool]:
+    """``VLLM_URL`` -> (fixed URLs, discover from heartbeats). ``auto`` (alone or in the list)
+    turns discovery on; other entries are comma-separated base URLs."""
+    items = [u.strip() for u in (value or "").split(",") if u.strip()]
+    return [u for u in items if u != AUTO], AUTO in items
