@@ -238,8 +238,6 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         def replica_version():
             return pool.oldest_serving_version()
 
-        worst = check_context(replica_url, model_path, cfg.max_completion_length, headers)
-        log.info("a full episode fits the replica's context (at most %d tokens)", worst)
         evals: dict[str, dict] = {}
         metrics_cb = BucketMetricsCallback(
             store, cfg.run_id, publisher, log_path=os.path.join(logs_dir, "steps.jsonl")
@@ -257,8 +255,14 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             metrics_cb.add_eval(label, step, version, block)
             log.info("eval %s (v%s, %.0fs): %s", label, version, time.time() - t0, _fmt_eval(block))
 
+        def first_apply(version: int) -> None:
+            """Once a replica serves the first version: the context check, the evaluation."""
+            worst = check_context(replica_url, model_path, cfg.max_completion_length, headers)
+            log.info("a full episode fits the replica's context (at most %d tokens)", worst)
+            run_eval("before", 0, version)
+
         trainer, transfer, tagger = build_trainer(
-            cfg, model_path, publisher, replica_version, lambda v: run_eval("before", 0, v)
+            cfg, model_path, publisher, replica_version, lambda v: first_apply(v)
         )
         metrics_cb.tagger = tagger
         trainer.add_callback(metrics_cb)
