@@ -70,6 +70,11 @@ class Faults(TrainerCallback):
         except httpx.HTTPError:
             return None  # not up yet
 
+    def _served(self) -> int:
+        """Rollout requests the fleet router sent the late replica so far."""
+        pool = self.ctx.fleet
+        return sum(r["served"] for r in pool.snapshot() if r["replica_id"] == LATE) if pool else 0
+
     def _kill(self, step: int, held: int) -> None:
         os.killpg(self.replica.proc.pid, signal.SIGKILL)  # a crash: no clean shutdown
         self.replica.proc.wait()
@@ -82,7 +87,7 @@ class Faults(TrainerCallback):
             self._start(step)
         elif self.killed_step is None and step >= self.kill_at:
             held = self._held()
-            if held is not None:
+            if held is not None and self._served() > 0:  # killed while it serves rollouts
                 self._kill(step, held)
         elif self.killed_step is not None and step == self.killed_step + 2:
             self._start(step)
@@ -249,8 +254,11 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
             problems.append(f"replica {rid} holds v{r['held_version']}, not the final v{final}")
     if report["steps"] != cfg.max_steps:
         problems.append(f"training stopped at step {report['steps']} of {cfg.max_steps}")
-    if replicas.get(LATE, {}).get("requests_served", 0) == 0:
-        problems.append(f"the late replica {LATE} joined no rollout (the fleet never used it)")
+    late = replicas.get(LATE, {})
+    if (late.get("killed_at_step") or cfg.max_steps + 1) <= cfg.max_steps and not late.get(
+        "requests_served"
+    ):
+        problems.append(f"{LATE} was killed in training without having served a rollout")
     if not report["corrupted"]:
         problems.append("no delta was corrupted (no anchor+delta version after the threshold)")
     elif not any(r["errors"] for r in replicas.values()):

@@ -39,6 +39,13 @@ def test_e2e_short(tmp_path):
     events = [e["event"] for e in report["faults"]]
     assert events[0] == "start late replica" and "kill (SIGKILL)" in events
     assert events[-1] == "restart"
+    # the fleet: local-0 served rollouts; where the late replica was killed during training it had
+    # served rollouts too (it joined by its heartbeat), and training still ran every step
+    assert report["replicas"]["local-0"]["requests_served"] > 0
+    late = report["replicas"]["local-1"]
+    if late["killed_at_step"] is not None and late["killed_at_step"] <= STEPS:
+        assert late["requests_served"] > 0
+    assert report["steps"] == report["steps_planned"] == STEPS
     assert report["corrupted"]["version"] in report["anchors"]
     assert any(r["errors"] > 0 for r in report["replicas"].values())
     assert report["dashboard_http"] == 200
