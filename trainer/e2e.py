@@ -75,11 +75,11 @@ class Faults(TrainerCallback):
         pool = self.ctx.fleet
         return sum(r["served"] for r in pool.snapshot() if r["replica_id"] == LATE) if pool else 0
 
-    def _kill(self, step: int, held: int) -> None:
+    def _kill(self, step: int, held: int, during_training: bool = True) -> None:
         os.killpg(self.replica.proc.pid, signal.SIGKILL)  # a crash: no clean shutdown
         self.replica.proc.wait()
         self.killed_step = step
-        self._event("kill (SIGKILL)", step, held_version=held)
+        self._event("kill (SIGKILL)", step, held_version=held, during_training=during_training)
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
@@ -103,7 +103,7 @@ class Faults(TrainerCallback):
                 if time.monotonic() > deadline:
                     raise AssertionError(f"the late replica never synced: {self.replica.tail()}")
                 time.sleep(1)
-            self._kill(step, self._held())
+            self._kill(step, self._held(), during_training=False)
         if self.replica.proc.poll() is not None:
             self._start(step)
 
@@ -255,9 +255,7 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
     if report["steps"] != cfg.max_steps:
         problems.append(f"training stopped at step {report['steps']} of {cfg.max_steps}")
     late = replicas.get(LATE, {})
-    if (late.get("killed_at_step") or cfg.max_steps + 1) <= cfg.max_steps and not late.get(
-        "requests_served"
-    ):
+    if late.get("killed_at_step") is not None and not late.get("requests_served"):
         problems.append(f"{LATE} was killed in training without having served a rollout")
     if not report["corrupted"]:
         problems.append("no delta was corrupted (no anchor+delta version after the threshold)")

@@ -43,7 +43,7 @@ def test_e2e_short(tmp_path):
     # served rollouts too (it joined by its heartbeat), and training still ran every step
     assert report["replicas"]["local-0"]["requests_served"] > 0
     late = report["replicas"]["local-1"]
-    if late["killed_at_step"] is not None and late["killed_at_step"] <= STEPS:
+    if late["killed_at_step"] is not None:  # on 2 cores it often loads only after step 7
         assert late["requests_served"] > 0
     assert report["steps"] == report["steps_planned"] == STEPS
     assert report["corrupted"]["version"] in report["anchors"]
