@@ -139,16 +139,22 @@ class TrainConfig:
         else none. The HF token is never sent to other hosts."""
         if self.rollout_api_key:
             return {"Authorization": f"Bearer {self.rollout_api_key}"}
-        host = urlparse(url).hostname or ""
-        if self.hf_token and host.endswith(".hf.space"):
-            return {"Authorization": f"Bearer {self.hf_token}"}
-        return {}
+        return space_headers(url, self.hf_token)
 
     def lr(self) -> float:
         """The learning rate (see ``learning_rate``)."""
         if self.learning_rate is not None:
             return self.learning_rate
         return 1e-4 if self.model_id() == TINY else 1e-6
+
+
+def space_headers(url: str, hf_token: str | None) -> dict[str, str]:
+    """``Authorization: Bearer <hf_token>`` for a ``*.hf.space`` URL (a private Space), else no
+    header: the HF token is never sent to other hosts."""
+    host = urlparse(url).hostname or ""
+    if hf_token and host.endswith(".hf.space"):
+        return {"Authorization": f"Bearer {hf_token}"}
+    return {}
 
 
 _OPTIONAL_NUMBERS = {"learning_rate": float, "max_inflight_tasks": int, "queue_maxsize": int}

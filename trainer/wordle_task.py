@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 from wordle_env import rules, wordlists
 
+from .config import space_headers
+
 log = logging.getLogger("trainer.wordle_task")
 
 ENV_URL_VAR = "DELTASYNC_ENV_URL"
@@ -191,7 +193,10 @@ class WordleToolEnv:
             raise RuntimeError(
                 f"expected the Wordle server's URL in ${ENV_URL_VAR} (set by the trainer), found none"
             )
-        self._client = WordleEnv(base_url=url).sync()
+        # A private Wordle Space needs the HF token (openenv's client sends these headers on the
+        # WebSocket handshake); other hosts never get it.
+        headers = space_headers(url, os.environ.get("HF_TOKEN"))
+        self._client = WordleEnv(base_url=url, headers=headers or None).sync()
         self._client.connect()
 
     def _close(self) -> None:

@@ -1,0 +1,139 @@
+"""Rollout throughput through the fleet router with N = 1, 2, 4, 8, 16 replicas, and the router's
+own overhead per request.
+
+Replicas are fake OpenAI-compatible servers on 127.0.0.1 (``tests/trainer/fleet_fakes.py``) that
+answer ``/v1/completions`` after ``PER_TOKEN_S`` x ``max_tokens`` (a fixed decode cost), all in
+one child process; the router (``trainer.fleet``, the real one) runs in a second child process;
+this process is the load: ``CLIENTS_PER_REPLICA`` x N closed-loop clients for ``SECONDS`` each.
+Targets (the fleet issue): throughput >= 0.8 x N x single up to N = 8; routing overhead p50 <= 2
+ms (sequential requests to a replica with no delay, through the router minus direct).
+
+Run: ``.venv/bin/python bench/bench_fleet.py`` (results also in bench/results/fleet.json).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests", "trainer"))
+
+PER_TOKEN_S = 0.004
+MAX_TOKENS = 16  # 64 ms per request
+CLIENTS_PER_REPLICA = 4
+SECONDS = 4.0
+BODY = {"model": "m", "prompt": [1, 2, 3], "max_tokens": MAX_TOKENS}
+
+
+def _serve_fakes(n: int, per_token_s: float, out) -> None:
+    from fleet_fakes import FakeReplica
+
+    fakes = [FakeReplica(per_token_s=per_token_s).start() for _ in range(n)]
+    out.send([f.url for f in fakes])
+    time.sleep(3600)
+
+
+def _serve_router(urls: list[str], out) -> None:
+    from trainer.fleet import FleetRouter, ReplicaPool
+    from trainer.local_stack import free_port
+
+    pool = ReplicaPool(urls, health_interval_s=5.0).start()
+    out.send(FleetRouter(pool, wait_s=30.0).start(free_port()))
+    time.sleep(3600)
+
+
+def _start(target, *args):
+    parent, child = mp.Pipe()
+    proc = mp.Process(target=target, args=(*args, child), daemon=True)
+    proc.start()
+    return proc, parent.recv()
+
+
+async def _load(url: str, clients: int, seconds: float) -> int:
+    import httpx
+
+    done = 0
+    deadline = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as c:
+
+        async def client() -> None:
+            nonlocal done
+            while time.monotonic() < deadline:
+                r = await c.post(f"{url}/v1/completions", json=BODY)
+                r.raise_for_status()
+                done += 1
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return done
+
+
+def throughput(n: int) -> float:
+    """Requests per second through the router with ``n`` replicas."""
+    fakes, urls = _start(_serve_fakes, n, PER_TOKEN_S)
+    router, url = _start(_serve_router, urls)
+    try:
+        asyncio.run(_load(url, CLIENTS_PER_REPLICA * n, 1.0))  # warm up connections
+        done = asyncio.run(_load(url, CLIENTS_PER_REPLICA * n, SECONDS))
+        return done / SECONDS
+    finally:
+        router.terminate()
+        fakes.terminate()
+
+
+def overhead_ms(requests: int = 300) -> dict:
+    """p50/p90 per sequential request, direct vs through the router (replica without delay)."""
+    import httpx
+
+    fakes, urls = _start(_serve_fakes, 1, 0.0)
+    router, url = _start(_serve_router, urls)
+    out = {}
+    try:
+        for name, base in (("direct", urls[0]), ("router", url)):
+            with httpx.Client(timeout=30) as c:
+                for _ in range(20):
+                    c.post(f"{base}/v1/completions", json=BODY)
+                times = []
+                for _ in range(requests):
+                    t0 = time.perf_counter()
+                    c.post(f"{base}/v1/completions", json=BODY).raise_for_status()
+                    times.append((time.perf_counter() - t0) * 1e3)
+            q = statistics.quantiles(times, n=10)
+            out[name] = {"p50_ms": round(statistics.median(times), 3), "p90_ms": round(q[8], 3)}
+    finally:
+        router.terminate()
+        fakes.terminate()
+    out["overhead_p50_ms"] = round(out["router"]["p50_ms"] - out["direct"]["p50_ms"], 3)
+    return out
+
+
+def main() -> None:
+    results = {
+        "per_request_s": PER_TOKEN_S * MAX_TOKENS,
+        "clients_per_replica": CLIENTS_PER_REPLICA,
+    }
+    rows = []
+    single = None
+    for n in (1, 2, 4, 8, 16):
+        rps = throughput(n)
+        single = single or rps
+        rows.append({"replicas": n, "requests_per_s": round(rps, 1),
+                     "vs_n_x_single": round(rps / (n * single), 2)})  # fmt: skip
+        print(f"N={n:2d}: {rps:7.1f} req/s = {rps / (n * single):.2f} x N x single", flush=True)
+    results["throughput"] = rows
+    results["overhead"] = overhead_ms()
+    print(json.dumps(results["overhead"]))
+    os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
+    with open(os.path.join(REPO, "bench", "results", "fleet.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
