@@ -14,7 +14,13 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-from deltasync.status import TRAINER_METRICS_PATH, EvalResult, StepMetrics, TrainerMetrics
+from deltasync.status import (
+    TRAINER_METRICS_PATH,
+    EvalResult,
+    FleetMember,
+    StepMetrics,
+    TrainerMetrics,
+)
 from deltasync.store import Store
 
 log = logging.getLogger("trainer.metrics")
@@ -65,6 +71,7 @@ class BucketMetricsCallback(TrainerCallback):
         self.tagger = tagger
         self.keep = keep
         self.metrics = TrainerMetrics(run_id=run_id)
+        self.fleet = None  # () -> the fleet router's per-replica snapshot (trainer.fleet)
         self.step_s: list[float] = []
         self._step_t0: float | None = None
 
@@ -101,6 +108,10 @@ class BucketMetricsCallback(TrainerCallback):
             return
         self._written_at = now
         self.metrics.updated_at = time.time()
+        if self.fleet is not None:
+            self.metrics.fleet = [
+                FleetMember(**{k: r[k] for k in FleetMember.model_fields}) for r in self.fleet()
+            ]
         self.store.write_bytes(TRAINER_METRICS_PATH, self.metrics.model_dump_json().encode())
 
     def on_train_end(self, args, state, control, **kwargs):

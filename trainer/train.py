@@ -265,6 +265,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             cfg, model_path, publisher, replica_version, lambda v: first_apply(v)
         )
         metrics_cb.tagger = tagger
+        metrics_cb.fleet = pool.snapshot
         trainer.add_callback(metrics_cb)
         for make_callback in callbacks:
             trainer.add_callback(make_callback(ctx))

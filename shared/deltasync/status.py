@@ -119,6 +119,18 @@ class EvalResult(_Strict):
     time: float = Field(default_factory=time.time)
 
 
+class FleetMember(_Strict):
+    """One rollout replica as the trainer's fleet router sees it (``trainer.fleet``)."""
+
+    url: str
+    replica_id: str
+    state: Literal["joining", "serving", "draining", "down", "gone"]
+    held_version: int | None
+    inflight: int  # requests sent and not answered yet
+    served: int  # requests it answered, since the trainer started
+    failed: int  # requests and health checks that failed
+
+
 class TrainerMetrics(_Strict):
     """``metrics/trainer.json``: the trainer's recent steps, rewritten after each step, and the
     evaluations played so far."""
@@ -127,6 +139,7 @@ class TrainerMetrics(_Strict):
     updated_at: float = Field(default_factory=time.time)
     steps: list[StepMetrics] = Field(default_factory=list)
     evals: list[EvalResult] = Field(default_factory=list)
+    fleet: list[FleetMember] = Field(default_factory=list)  # at the last write
 
 
 def write_heartbeat(store: Store, hb: ReplicaHeartbeat, keep_recent: int = 50) -> None:

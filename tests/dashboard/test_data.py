@@ -325,3 +325,32 @@ def test_reward_curve_with_evaluations_and_stale_fraction():
     assert "eval **after**" in snap.markdown(public=True)
     assert public_error("DeltaCorruptError: /tmp/x/deltas/v5 digest") == "refused a corrupt payload"
     assert "/tmp" not in public_error("OSError: /tmp/secret")
+
+
+def test_status_shows_each_replicas_url_and_the_routers_counts(tmp_path):
+    """A replica's announced URL (heartbeat) and the trainer's fleet view (metrics) share its
+    status row; a replica the router does not know has empty fleet columns."""
+    import time
+
+    from deltasync.status import (
+        TRAINER_METRICS_PATH,
+        FleetMember,
+        ReplicaHeartbeat,
+        TrainerMetrics,
+        write_heartbeat,
+    )
+    from deltasync.store import Store
+
+    store = Store(str(tmp_path / "bucket"))
+    for rid, url in (("a", "https://a.hf.space"), ("b", None)):
+        write_heartbeat(store, ReplicaHeartbeat(
+            replica_id=rid, held_version=None, newest_seen=None, lag_versions=None, lag_s=0.0,
+            status="starting", url=url, updated_at=time.time()))  # fmt: skip
+    fleet = [FleetMember(url="https://a.hf.space", replica_id="a", state="serving",
+                         held_version=3, inflight=2, served=40, failed=1)]  # fmt: skip
+    store.write_bytes(TRAINER_METRICS_PATH,
+                      TrainerMetrics(run_id="r", fleet=fleet).model_dump_json().encode())  # fmt: skip
+    status = BucketReader(str(tmp_path / "bucket")).read().frame("status").set_index("replica")
+    assert status.loc["a", "url"] == "https://a.hf.space"
+    assert (status.loc["a", "fleet_state"], status.loc["a", "served"]) == ("serving", 40)
+    assert status.loc["b", "url"] == "" and status.loc["b", "fleet_state"] == ""

@@ -38,6 +38,7 @@ from deltasync.status import (
     REPLICAS_DIR,
     TRAINER_METRICS_PATH,
     EvalResult,
+    FleetMember,
     ReplicaHeartbeat,
     StepMetrics,
     SyncRecord,
@@ -88,7 +89,7 @@ COLUMNS: dict[str, list[str]] = {
     # one row per replica heartbeat currently in the bucket
     "status": (
         "replica health status held_version trainer_version lag_versions lag_s heartbeat_age_s "
-        "errors last_error apply_path"
+        "errors last_error apply_path url fleet_state inflight served failed"
     ).split(),
 }
 
@@ -106,6 +107,8 @@ TEXT_COLUMNS = frozenset(
         "status",
         "last_error",
         "apply_path",
+        "url",
+        "fleet_state",
         "label",
     }
 )
@@ -277,6 +280,7 @@ class BucketReader:
         self._hb_read_at: float | None = None
         self._listing: list[str] = []
         self._evals: dict[tuple[str, int], EvalResult] = {}
+        self._fleet: dict[str, FleetMember] = {}  # replica id -> the trainer's view of it
         self._reset_history(None)
 
     def next_read_delay_s(self) -> float:
@@ -503,6 +507,7 @@ class BucketReader:
         _trim(self._steps, self.history)
         for ev in metrics.evals:
             self._evals[(ev.label, ev.step)] = ev
+        self._fleet = {m.replica_id: m for m in metrics.fleet}
 
     # ------------------------------------------------------------------------------- frames
     def _frames(self, now: float) -> dict[str, pd.DataFrame]:
@@ -641,9 +646,12 @@ class BucketReader:
                 flags.append("FAILING")
             quiet = hb.status if hb.status in ("starting", "stopped") else "ok"
             health = ", ".join(flags) or quiet
+            # the trainer's router: fleet state and requests (none when it does not route here)
+            fm = self._fleet.get(rid)
+            fleet = (fm.state, fm.inflight, fm.served, fm.failed) if fm else ("", None, None, None)
             rows.append((rid, health, hb.status, hb.held_version, trainer_version, lv,
                          round(ls, 1), round(age, 1), hb.errors, hb.last_error or "",
-                         hb.apply_path))  # fmt: skip
+                         hb.apply_path, hb.url or "", *fleet))  # fmt: skip
         return _frame("status", rows)
 
 
