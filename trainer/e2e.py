@@ -111,10 +111,8 @@ class Faults(TrainerCallback):
 def corrupt_one_delta(ctx: RunContext, from_version: int, record: dict) -> None:
     """Flip a byte of the delta of the first version >= ``from_version`` that also carries an
     anchor, after its upload and before its manifest commit (a damaged object in the bucket)."""
-    pub = ctx.publisher
-    commit = pub._commit_manifest
 
-    def corrupting_commit(entry):
+    def corrupt(entry) -> None:
         if (
             "version" not in record
             and entry.version >= from_version
@@ -129,9 +127,8 @@ def corrupt_one_delta(ctx: RunContext, from_version: int, record: dict) -> None:
             log.info(
                 "e2e fault: corrupted %s (v%d) before its manifest commit", path, entry.version
             )
-        return commit(entry)
 
-    pub._commit_manifest = corrupting_commit
+    ctx.publisher.before_commit = corrupt
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -278,6 +275,7 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    local_stack.quiet_libraries()
     report = run_e2e(a.steps, a.anchor_every, a.late_at, a.kill_at, a.runs_root, a.run_id)
     print(json.dumps(report, indent=1))
 

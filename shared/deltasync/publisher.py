@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +111,12 @@ class DeltaPublisher:
         run_id: a name for the run; default: the existing manifest's, else a new uuid.
         config: :class:`PublisherConfig`.
 
+    Attributes:
+        before_commit: None, or a function called with each version's ``VersionEntry`` after its
+            payload is in the bucket and before the manifest names it (the commit point): the seam
+            where tests and ``make e2e`` damage an object as a faulty bucket would. It runs on the
+            publisher's thread; an exception it raises fails that publish.
+
     Raises:
         ConcurrentWriterError: another trainer holds a fresh writer lease on this run.
         ManifestError: the existing manifest is unreadable, or belongs to another ``run_id``.
@@ -120,6 +126,7 @@ class DeltaPublisher:
         self.store = open_store(store)
         self.config = config or PublisherConfig()
         self.writer_id = uuid.uuid4().hex[:12]
+        self.before_commit: Callable[[VersionEntry], None] | None = None
         self.manifest = self._read_manifest()
         if self.manifest and run_id and self.manifest.run_id != run_id:
             raise ManifestError(
@@ -386,6 +393,8 @@ class DeltaPublisher:
             coalesced=job.coalesced,
             timings_s={k: round(v, 6) for k, v in job.timings.items()},
         )
+        if self.before_commit is not None:
+            self.before_commit(entry)
         self._commit_manifest(entry)
         if anchor is not None:
             self._anchor_bytes = anchor.bytes

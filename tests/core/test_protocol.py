@@ -239,3 +239,33 @@ def test_corrupt_file_and_wrong_base_never_apply(store_uri, trainer):
     assert held.version == 0 and equal(held, before)  # nothing applied by the failures
     sub.sync(held)
     assert equal(held, truth[max(truth)])
+
+
+def test_before_commit_sees_each_version_after_upload_and_before_the_manifest(tmp_path):
+    """The publisher's public fault seam: the hook runs once per version, when the payload is in
+    the bucket and the manifest does not name it yet; what it damages, readers then refuse."""
+    import numpy as np
+
+    from deltasync.manifest import MANIFEST_PATH, Manifest
+    from deltasync.publisher import DeltaPublisher
+    from deltasync.store import Store
+
+    store = Store(str(tmp_path / "bucket"))
+    pub = DeltaPublisher(store)
+    seen = []
+
+    def hook(entry):
+        named = Manifest.from_json(store.read_bytes(MANIFEST_PATH)).versions if store.exists(
+            MANIFEST_PATH) else []  # fmt: skip
+        payload = (entry.anchor or entry.delta).files[0].path
+        committed = entry.version in [v.version for v in named]
+        seen.append((entry.version, store.exists(payload), committed))
+
+    pub.before_commit = hook
+    w = np.arange(64, dtype=np.uint16)
+    pub.publish([("w", w.copy())])
+    pub.flush()
+    w[3] ^= 1
+    pub.publish([("w", w.copy())])
+    pub.close()
+    assert seen == [(0, True, False), (1, True, False)]
