@@ -40,6 +40,7 @@ class FakeReplica:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body leave as they are written
 
             def log_message(self, *args):  # quiet
                 pass
