@@ -77,6 +77,7 @@ class FakeReplica:
                 self._send(200, {"choices": [{"text": "ok"}], "echo": body},
                            {"X-Deltasync-Version": str(fake.version)})  # fmt: skip
 
+        ThreadingHTTPServer.request_queue_size = 128  # listen backlog (5 drops bursts of connects)
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
