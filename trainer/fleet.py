@@ -339,15 +339,18 @@ class FleetRouter:
         from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
 
-        client: dict[str, httpx.AsyncClient] = {}
+        clients: dict[str, httpx.AsyncClient] = {}
 
-        def http() -> httpx.AsyncClient:
-            if "c" not in client:
-                client["c"] = httpx.AsyncClient(
+        def http(url: str) -> httpx.AsyncClient:
+            """One client (connection pool) per replica: httpcore's pool does work per request
+            that grows with its connections, which one shared pool made the bottleneck at 64
+            requests in flight (bench/bench_fleet.py, N = 16: 138 req/s shared)."""
+            if url not in clients:
+                clients[url] = httpx.AsyncClient(
                     timeout=httpx.Timeout(self.request_timeout_s, connect=5.0),
-                    limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
                 )
-            return client["c"]
+            return clients[url]
 
         async def health(request: Request) -> Response:
             serving = any(r["state"] == "serving" for r in self.pool.snapshot())
@@ -387,7 +390,7 @@ class FleetRouter:
                     tried.clear()  # every replica may be tried again once one changes
                     continue
                 try:
-                    resp = await http().request(request.method, r.url + path, content=body,
+                    resp = await http(r.url).request(request.method, r.url + path, content=body,
                                                 headers={**headers, **self.pool.headers_for(r.url)},
                                                 params=request.query_params)  # fmt: skip
                 except httpx.HTTPError as e:  # refused, reset, timed out: the replica is down
