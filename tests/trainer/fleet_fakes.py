@@ -17,6 +17,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # the listen backlog (the default 5 drops bursts of connects)
+    daemon_threads = True
+
+
 class FakeReplica:
     """``mode``: ``ok``; ``503`` (every /v1 request, health stays 200); ``500`` (likewise);
     ``hang`` (/v1 answers after ``hang_s``). ``delay_s`` per /v1 request (or ``per_token_s``
@@ -77,9 +82,7 @@ class FakeReplica:
                 self._send(200, {"choices": [{"text": "ok"}], "echo": body},
                            {"X-Deltasync-Version": str(fake.version)})  # fmt: skip
 
-        ThreadingHTTPServer.request_queue_size = 128  # listen backlog (5 drops bursts of connects)
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
