@@ -31,8 +31,11 @@ class TrainConfig:
             joins; see ``trainer.fleet``). None: start one replica locally (and let others that
             follow the local bucket join).
         fleet_wait_s: how long rollouts wait while no replica serves before they fail, seconds.
-        fleet_health_interval_s: seconds between the fleet's health checks and bucket reads of
-            the replicas' heartbeats (one listing and one small read per replica each time).
+        fleet_health_interval_s: seconds between the fleet's health checks of each replica
+            (HTTP ``/health``; no Hub call).
+        fleet_discover_interval_s: seconds between reads of the replicas' heartbeats in a remote
+            bucket (one listing, an API call, and one read per replica each time; replicas write
+            theirs 60 s apart there). On a local bucket: every health check.
         env_url: the Wordle environment server's URL. None: start one locally.
         max_steps: optimizer steps.
         learning_rate: AdamW learning rate. None: 1e-4 for the ~2.4 M-parameter local model (at
@@ -84,6 +87,7 @@ class TrainConfig:
     vllm_url: str | None = None
     fleet_wait_s: float = 900.0
     fleet_health_interval_s: float = 5.0
+    fleet_discover_interval_s: float = 60.0
     env_url: str | None = None
     max_steps: int = 30
     learning_rate: float | None = None

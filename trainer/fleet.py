@@ -1,12 +1,8 @@
 """The replica fleet: every rollout replica that follows the bucket serves the trainer's rollouts.
 
-TRL's rollout worker talks to one server (``vllm_server_base_url``). :class:`FleetRouter` is that
-server: an HTTP proxy on 127.0.0.1 inside the trainer process that sends each ``/v1`` request to
-one replica of a :class:`ReplicaPool` and, when that replica fails (connection refused or reset,
-timeout, 5xx, 503 while it re-anchors), sends the same request to another, so no request is lost
-while any replica serves. With none serving, requests wait (one log line about every 10 s naming
-each replica and its state) and go on when one returns; after ``wait_s`` they get 503 with what
-to check.
+TRL's rollout worker talks to one server (``vllm_server_base_url``): the router
+(``trainer.router.FleetRouter``), which sends each request to a replica of the
+:class:`ReplicaPool` kept here.
 
 Pool membership: a fixed list of URLs (``VLLM_URL=https://a,https://b``) and/or discovery from the
 bucket (``VLLM_URL=auto``): every replica announces its ``/v1`` base URL in its heartbeat
@@ -27,7 +23,6 @@ a failed request on the same replica until a circuit breaker opens (10 failures)
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -43,14 +38,6 @@ from deltasync.store import Store
 log = logging.getLogger("trainer.fleet")
 
 AUTO = "auto"
-VERSION_HEADER = "X-Deltasync-Version"  # set by the replica's front (rollout.server)
-REPLICA_HEADER = "X-Deltasync-Replica"  # set here: which replica answered
-_HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
-                "content-length", "content-encoding", "authorization"}  # fmt: skip
-
-
-class FleetUnavailableError(RuntimeError):
-    """No replica served for ``wait_s`` seconds; the message names each replica's last state."""
 
 
 @dataclass
@@ -113,7 +100,9 @@ class ReplicaPool:
             ``Authorization``); never forwarded from TRL's requests.
         published_version_fn: the trainer's newest published version (None before the first).
         max_staleness: a replica more than this many versions behind is drained.
-        health_interval_s: seconds between health checks (and discovery reads).
+        health_interval_s: seconds between health checks (HTTP to the replicas, no Hub call).
+        discover_interval_s: seconds between discovery reads of the bucket (one listing of
+            ``replicas/`` and one read per heartbeat: Hub calls, on the run's shared budget).
         heartbeat_max_age_s: a discovered replica whose heartbeat is older leaves the pool.
         require_https: refuse discovered non-loopback ``http://`` URLs (remote buckets).
     """
@@ -126,6 +115,7 @@ class ReplicaPool:
         published_version_fn: Callable[[], int | None] = lambda: None,
         max_staleness: int | None = None,
         health_interval_s: float = 2.0,
+        discover_interval_s: float | None = None,
         heartbeat_max_age_s: float = 180.0,
         require_https: bool = False,
     ):
@@ -134,6 +124,10 @@ class ReplicaPool:
         self.published_version_fn = published_version_fn
         self.max_staleness = max_staleness
         self.health_interval_s = health_interval_s
+        self.discover_interval_s = (
+            health_interval_s if discover_interval_s is None else discover_interval_s
+        )
+        self._discovered_at = float("-inf")
         self.heartbeat_max_age_s = heartbeat_max_age_s
         self.require_https = require_https
         self.lock = threading.Lock()
@@ -221,8 +215,11 @@ class ReplicaPool:
                 self._changed.notify_all()
 
     def refresh(self) -> None:
-        """One discovery read and one round of health checks."""
-        self.discover()
+        """A discovery read when ``discover_interval_s`` has passed, and a round of health
+        checks."""
+        if time.monotonic() - self._discovered_at >= self.discover_interval_s:
+            self._discovered_at = time.monotonic()
+            self.discover()
         self.check_health()
 
     def start(self) -> ReplicaPool:
@@ -308,145 +305,6 @@ class ReplicaPool:
             held = [r.held_version for r in self.replicas.values()
                     if r.state in ("serving", "draining") and r.held_version is not None]  # fmt: skip
         return min(held) if held else None
-
-
-class FleetRouter:
-    """The single server TRL sees: ``/v1/*`` spread over ``pool`` with retries; ``/health``.
-
-    Args:
-        pool: the replicas (started by the caller).
-        wait_s: how long a request waits while no replica serves before it gets 503.
-        request_timeout_s: per attempt; a replica that takes longer is marked down and the
-            request goes to another.
-        log_every_s: seconds between the "waiting for a replica" lines.
-    """
-
-    def __init__(self, pool: ReplicaPool, wait_s: float = 900.0, request_timeout_s: float = 300.0,
-                 log_every_s: float = 10.0):  # fmt: skip
-        self.pool = pool
-        self.wait_s = wait_s
-        self.request_timeout_s = request_timeout_s
-        self.log_every_s = log_every_s
-        self.max_wait_observed_s = 0.0
-        self._server = None
-        self._thread: threading.Thread | None = None
-        self.url: str | None = None
-
-    def app(self):
-        """The ASGI app (Starlette)."""
-        from starlette.applications import Starlette
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse, Response
-        from starlette.routing import Route
-
-        clients: dict[str, httpx.AsyncClient] = {}
-
-        def http(url: str) -> httpx.AsyncClient:
-            """One client (connection pool) per replica: httpcore's pool does work per request
-            that grows with its connections, which one shared pool made the bottleneck at 64
-            requests in flight (bench/bench_fleet.py, N = 16: 138 req/s shared)."""
-            if url not in clients:
-                clients[url] = httpx.AsyncClient(
-                    timeout=httpx.Timeout(self.request_timeout_s, connect=5.0),
-                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-                )
-            return clients[url]
-
-        async def health(request: Request) -> Response:
-            serving = any(r["state"] == "serving" for r in self.pool.snapshot())
-            return JSONResponse({"status": "ok" if serving else "waiting",
-                                 "replicas": self.pool.snapshot()},
-                                status_code=200 if serving else 503)  # fmt: skip
-
-        async def proxy(request: Request) -> Response:
-            body = await request.body()
-            path = request.url.path
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-            t0 = time.monotonic()
-            last_log = t0
-            tried: set[str] = set()
-            answered: httpx.Response | None = None  # a 5xx other than 503 from a live replica
-            while True:
-                r = self.pool.acquire(tried)
-                if r is None and answered is not None:
-                    # Every serving replica answered this request with a server error: it is
-                    # the request, not the fleet. Hand the last answer back instead of waiting.
-                    return _response(answered, None)
-                if r is None:
-                    waited = time.monotonic() - t0
-                    if waited > self.wait_s:
-                        msg = (
-                            f"no rollout replica served for {waited:.0f}s: {self.pool.describe()}"
-                            ". Check that the rollout replicas run and follow this bucket "
-                            "(their /health, their heartbeats in the bucket) and VLLM_URL."
-                        )
-                        log.error(msg)
-                        return JSONResponse({"error": msg}, status_code=503)
-                    if time.monotonic() - last_log >= self.log_every_s:
-                        last_log = time.monotonic()
-                        log.warning("waiting %.0fs for a rollout replica: %s", waited,
-                                    self.pool.describe())  # fmt: skip
-                    await asyncio.to_thread(self.pool.wait_change, 0.5)
-                    tried.clear()  # every replica may be tried again once one changes
-                    continue
-                try:
-                    resp = await http(r.url).request(request.method, r.url + path, content=body,
-                                                headers={**headers, **self.pool.headers_for(r.url)},
-                                                params=request.query_params)  # fmt: skip
-                except httpx.HTTPError as e:  # refused, reset, timed out: the replica is down
-                    self.pool.release(r, f"{type(e).__name__} on {path}")
-                    tried.add(r.url)
-                    continue
-                tried.add(r.url)
-                if resp.status_code == 503:  # re-anchoring, restarting: down until healthy
-                    self.pool.release(r, f"{path} answered 503")
-                    continue
-                if resp.status_code >= 500:
-                    self.pool.release(r, None, count_failure=True)
-                    answered = resp
-                    continue
-                version = resp.headers.get(VERSION_HEADER)
-                self.pool.release(r, None, int(version) if version and version.isdigit() else None)
-                self.max_wait_observed_s = max(self.max_wait_observed_s, time.monotonic() - t0)
-                return _response(resp, r.replica_id)
-
-        return Starlette(routes=[
-            Route("/health", health, methods=["GET"]),
-            Route("/v1/{rest:path}", proxy, methods=["GET", "POST"]),
-        ])  # fmt: skip
-
-    def start(self, port: int) -> str:
-        """Serve on ``127.0.0.1:port`` in a daemon thread; returns the base URL."""
-        import uvicorn
-
-        config = uvicorn.Config(self.app(), host="127.0.0.1", port=port, log_level="warning",
-                                access_log=False)  # fmt: skip
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="fleet-router", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"the fleet router did not start on 127.0.0.1:{port}")
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-
-def _response(resp: httpx.Response, replica_id: str | None):
-    """A replica's answer as the router's (hop-by-hop headers dropped, the replica named)."""
-    from starlette.responses import Response
-
-    out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
-    if replica_id is not None:
-        out[REPLICA_HEADER] = replica_id
-    return Response(resp.content, resp.status_code, out)
 
 
 def parse_vllm_urls(value: str | None) -> tuple[list[str], bool]:

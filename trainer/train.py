@@ -27,6 +27,7 @@ from .config import TINY, TrainConfig
 from .evaluate import check_context, evaluate
 from .metrics import BucketMetricsCallback, quiet_progress
 from .rollout_tagging import ReplicaVersionTagger
+from .router import FleetRouter
 from .wordle_task import ENV_URL_VAR, WordleToolEnv, eval_seeds, make_dataset
 
 log = logging.getLogger("trainer")
@@ -225,9 +226,10 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             published_version_fn=lambda: publisher.published[-1].version
             if publisher.published else None,
             max_staleness=cfg.max_staleness, health_interval_s=cfg.fleet_health_interval_s,
+            discover_interval_s=None if store.is_local else cfg.fleet_discover_interval_s,
             require_https=not store.is_local,
         ).start()  # fmt: skip
-        router = fleet.FleetRouter(pool, wait_s=cfg.fleet_wait_s)
+        router = FleetRouter(pool, wait_s=cfg.fleet_wait_s)
         ctx.fleet = pool
         stoppers.extend([router.stop, pool.stop])
         # TRL, the context check and the evaluations all reach the fleet through the router.

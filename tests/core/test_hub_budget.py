@@ -314,8 +314,13 @@ def _fleet(hub, tmp_path, minutes=5.0, publish_every_s=10.0, replicas=8):
         loop.connect()
         loops.append(loop)
     reader = BucketReader(URI, clock=clock)
+    from trainer.config import TrainConfig
+    from trainer.fleet import ReplicaPool
+
+    fleet = ReplicaPool(store=pub.store)  # the trainer's discovery of the replicas' URLs
+    discover_every_s = TrainConfig().fleet_discover_interval_s
     end = minutes * 60
-    events = [(0.0, 0, "trainer"), (0.5, 1, "dashboard")]
+    events = [(0.0, 0, "trainer"), (0.5, 1, "dashboard"), (1.0, 99, "discovery")]
     events += [(0.1 * i, 2 + i, f"r{i}") for i in range(replicas)]
     heapq.heapify(events)
     step, metrics_at = 0, float("-inf")
@@ -338,6 +343,10 @@ def _fleet(hub, tmp_path, minutes=5.0, publish_every_s=10.0, replicas=8):
                 pub.store.write_bytes(TRAINER_METRICS_PATH, metrics.model_dump_json().encode())
             step += 1
             heapq.heappush(events, (now + publish_every_s, order, unit))
+        elif unit == "discovery":
+            hub.unit = "trainer"
+            fleet.discover()
+            heapq.heappush(events, (now + discover_every_s, order, unit))
         elif unit == "dashboard":
             reader.read()
             heapq.heappush(events, (now + max(2.0, reader.next_read_delay_s()), order, unit))
@@ -370,11 +379,11 @@ def test_fleet_budget(hub, tmp_path):
     # 30 versions x 2 batches (payload + retention deletes; manifest + lease when due) x 2 (Xet
     # token + /batch) = 120, 10 metrics writes (>= 30 s apart) x 2, the lease at start x 2,
     # 1 listing (orphans), 1 bucket check, 1 lease release, huggingface_hub's once-a-day
-    # /api/agent-harnesses. Each replica 11: 1 check + 5 heartbeats x 2 (>= 60 s apart on a
+    # /api/agent-harnesses, and the fleet's discovery: a listing of replicas/ per minute (5). Each replica 11: 1 check + 5 heartbeats x 2 (>= 60 s apart on a
     # remote store). Dashboard 6. Issue 11's target: <= 300 for the whole fleet.
     assert api <= 300, table
     assert resolver <= 2500, table  # the free tier allows 5,000
     per_replica = [table[f"r{i}"] for i in range(len(loops))]
     assert max(a for a, _ in per_replica) <= 13  # one check + heartbeats (>= 60 s apart) x 2
-    assert table["trainer"][0] <= 150  # 2 batches per version x 2, metrics, lease, listing
+    assert table["trainer"][0] <= 155  # 2 batches per version x 2, metrics, lease, listings
     assert table["dashboard"][0] <= 10  # a listing of replicas/ per minute + one check

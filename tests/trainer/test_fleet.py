@@ -21,7 +21,8 @@ import pytest
 
 from deltasync.status import ReplicaHeartbeat, write_heartbeat
 from deltasync.store import Store
-from trainer.fleet import FleetRouter, ReplicaPool, parse_vllm_urls
+from trainer.fleet import ReplicaPool, parse_vllm_urls
+from trainer.router import FleetRouter
 
 from .fleet_fakes import FakeReplica, free_port
 

@@ -1,0 +1,166 @@
+"""The one server TRL's rollout worker talks to: an HTTP proxy on 127.0.0.1 inside the trainer
+process that sends each ``/v1`` request to one replica of a ``trainer.fleet.ReplicaPool`` (the
+serving one with the fewest requests in flight) and, when that replica fails (connection refused
+or reset, timeout, 503 while it re-anchors), sends the same request to another, so no request is
+lost while any replica serves. With none serving, requests wait (one log line about every 10 s
+naming each replica and its state) and go on when one returns; after ``wait_s`` they get 503 with
+what to check. A 5xx other than 503 that every replica gives is the request's fault: it is handed
+back instead of waited on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import httpx
+
+from .fleet import ReplicaPool
+
+log = logging.getLogger("trainer.fleet")
+
+VERSION_HEADER = "X-Deltasync-Version"  # set by the replica's front (rollout.server)
+REPLICA_HEADER = "X-Deltasync-Replica"  # set here: which replica answered
+_HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
+                "content-length", "content-encoding", "authorization"}  # fmt: skip
+
+
+class FleetRouter:
+    """The single server TRL sees: ``/v1/*`` spread over ``pool`` with retries; ``/health``.
+
+    Args:
+        pool: the replicas (started by the caller).
+        wait_s: how long a request waits while no replica serves before it gets 503.
+        request_timeout_s: per attempt; a replica that takes longer is marked down and the
+            request goes to another.
+        log_every_s: seconds between the "waiting for a replica" lines.
+    """
+
+    def __init__(self, pool: ReplicaPool, wait_s: float = 900.0, request_timeout_s: float = 300.0,
+                 log_every_s: float = 10.0):  # fmt: skip
+        self.pool = pool
+        self.wait_s = wait_s
+        self.request_timeout_s = request_timeout_s
+        self.log_every_s = log_every_s
+        self.max_wait_observed_s = 0.0
+        self._server = None
+        self._thread: threading.Thread | None = None
+        self.url: str | None = None
+
+    def app(self):
+        """The ASGI app (Starlette)."""
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response
+        from starlette.routing import Route
+
+        clients: dict[str, httpx.AsyncClient] = {}
+
+        def http(url: str) -> httpx.AsyncClient:
+            """One client (connection pool) per replica: httpcore's pool does work per request
+            that grows with its connections, which one shared pool made the bottleneck at 64
+            requests in flight (bench/bench_fleet.py, N = 16: 138 req/s shared)."""
+            if url not in clients:
+                clients[url] = httpx.AsyncClient(
+                    timeout=httpx.Timeout(self.request_timeout_s, connect=5.0),
+                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+                )
+            return clients[url]
+
+        async def health(request: Request) -> Response:
+            serving = any(r["state"] == "serving" for r in self.pool.snapshot())
+            return JSONResponse({"status": "ok" if serving else "waiting",
+                                 "replicas": self.pool.snapshot()},
+                                status_code=200 if serving else 503)  # fmt: skip
+
+        async def proxy(request: Request) -> Response:
+            body = await request.body()
+            path = request.url.path
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+            t0 = time.monotonic()
+            last_log = t0
+            tried: set[str] = set()
+            answered: httpx.Response | None = None  # a 5xx other than 503 from a live replica
+            while True:
+                r = self.pool.acquire(tried)
+                if r is None and answered is not None:
+                    # Every serving replica answered this request with a server error: it is
+                    # the request, not the fleet. Hand the last answer back instead of waiting.
+                    return _response(answered, None)
+                if r is None:
+                    waited = time.monotonic() - t0
+                    if waited > self.wait_s:
+                        msg = (
+                            f"no rollout replica served for {waited:.0f}s: {self.pool.describe()}"
+                            ". Check that the rollout replicas run and follow this bucket "
+                            "(their /health, their heartbeats in the bucket) and VLLM_URL."
+                        )
+                        log.error(msg)
+                        return JSONResponse({"error": msg}, status_code=503)
+                    if time.monotonic() - last_log >= self.log_every_s:
+                        last_log = time.monotonic()
+                        log.warning("waiting %.0fs for a rollout replica: %s", waited,
+                                    self.pool.describe())  # fmt: skip
+                    await asyncio.to_thread(self.pool.wait_change, 0.5)
+                    tried.clear()  # every replica may be tried again once one changes
+                    continue
+                try:
+                    resp = await http(r.url).request(request.method, r.url + path, content=body,
+                                                headers={**headers, **self.pool.headers_for(r.url)},
+                                                params=request.query_params)  # fmt: skip
+                except httpx.HTTPError as e:  # refused, reset, timed out: the replica is down
+                    self.pool.release(r, f"{type(e).__name__} on {path}")
+                    tried.add(r.url)
+                    continue
+                tried.add(r.url)
+                if resp.status_code == 503:  # re-anchoring, restarting: down until healthy
+                    self.pool.release(r, f"{path} answered 503")
+                    continue
+                if resp.status_code >= 500:
+                    self.pool.release(r, None, count_failure=True)
+                    answered = resp
+                    continue
+                version = resp.headers.get(VERSION_HEADER)
+                self.pool.release(r, None, int(version) if version and version.isdigit() else None)
+                self.max_wait_observed_s = max(self.max_wait_observed_s, time.monotonic() - t0)
+                return _response(resp, r.replica_id)
+
+        return Starlette(routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/{rest:path}", proxy, methods=["GET", "POST"]),
+        ])  # fmt: skip
+
+    def start(self, port: int) -> str:
+        """Serve on ``127.0.0.1:port`` in a daemon thread; returns the base URL."""
+        import uvicorn
+
+        config = uvicorn.Config(self.app(), host="127.0.0.1", port=port, log_level="warning",
+                                access_log=False)  # fmt: skip
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="fleet-router", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the fleet router did not start on 127.0.0.1:{port}")
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def _response(resp: httpx.Response, replica_id: str | None):
+    """A replica's answer as the router's (hop-by-hop headers dropped, the replica named)."""
+    from starlette.responses import Response
+
+    out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+    if replica_id is not None:
+        out[REPLICA_HEADER] = replica_id
+    return Response(resp.content, resp.status_code, out)
