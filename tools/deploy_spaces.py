@@ -9,9 +9,11 @@
 3. sets each Space's secrets (``HF_TOKEN``; ``CONTROL_TOKEN`` for the rollout Space) and variables
    (``DELTASYNC_STORE``/``BUCKET``, ``MODEL``, ``POLL_INTERVAL_S``), then requests its hardware,
    with a sleep time (default 1 hour of inactivity) on paid hardware such as the rollout GPU;
-4. uploads each Space folder together with the ``deltasync`` package it installs, in the layout its
-   Dockerfile expects (the repository root's): ``Dockerfile`` and ``README.md`` (front matter) at
-   the Space root, ``pyproject.toml``, ``shared/deltasync/`` and ``spaces/<space>/``;
+4. uploads each Space in the layout its Dockerfile expects: the Wordle Space's folder as it is (an
+   OpenEnv environment, its own build context); the rollout and dashboard Spaces together with the
+   ``deltasync`` package they install (the repository root's layout): ``Dockerfile`` and
+   ``README.md`` (front matter) at the Space root, ``pyproject.toml``, ``shared/deltasync/`` and
+   ``spaces/<space>/``;
 5. waits until every Space reports RUNNING, then prints the ``make train ...`` line to run next.
 
 Tokens, least privilege first: ``HF_TOKEN`` (the deploy token) creates everything; the Spaces get
