@@ -82,10 +82,6 @@ class SpaceSpec:
         secrets: Space secrets by name; values are never printed.
         sleep_time_s: seconds of inactivity before the Space sleeps (stops billing); -1:
             never; None: the Hub's default (free hardware sleeps after 48 h, paid never).
-        public: created public even when Spaces are private by default. The Wordle Space: the
-            trainer's OpenEnv client (``openenv`` ``EnvClient.connect``) opens its WebSocket
-            without headers, so it cannot reach a private Space; the Space has no secrets, caps
-            its sessions and bodies, and keeps MCP and the web UI off.
         own_context: the folder is the whole Docker build context (the Wordle Space, an OpenEnv
             environment that needs nothing else of the repository); otherwise the context is the
             repository root (the Space installs the ``deltasync`` library from it).
@@ -98,7 +94,6 @@ class SpaceSpec:
     variables: dict[str, str] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     sleep_time_s: int | None = None
-    public: bool = False
     own_context: bool = False
 
 
@@ -397,7 +392,6 @@ class Deployer:
                 f"{c.prefix}-wordle",
                 c.wordle_hardware,
                 sleep_time_s=sleep(c.wordle_hardware),
-                public=True,
                 own_context=True,
             ),
             SpaceSpec(
@@ -450,7 +444,7 @@ class Deployer:
                             from_id=f"{c.from_owner}/{s.name}",
                             to_id=repo_id,
                             repo_type="space",
-                            private=c.private_spaces and not s.public,
+                            private=c.private_spaces,
                             exist_ok=True,
                         ),
                     )
@@ -463,7 +457,7 @@ class Deployer:
                             repo_id=repo_id,
                             repo_type="space",
                             space_sdk="docker",
-                            private=c.private_spaces and not s.public,
+                            private=c.private_spaces,
                             exist_ok=True,
                         ),
                     )

@@ -193,11 +193,8 @@ def test_spaces_are_private_unless_public_is_asked_for(make_deployer):
         parse_args(["--public", "--private-spaces"], env={})
     text, _, _ = dry_run(make_deployer)
     repos = [ln for ln in text.splitlines() if "create_repo(" in ln]
-    # the rollout (GPU) and dashboard Spaces are private; the Wordle Space stays public, since
-    # the trainer's OpenEnv WebSocket client cannot send a token
-    assert len(repos) == 3
-    assert [("-wordle'" in ln, "private=True" in ln) for ln in repos].count((False, True)) == 2
-    assert all("private=False" in ln for ln in repos if "-wordle'" in ln)
+    # all three are private: the trainer sends its HF token to each (the Wordle WebSocket too)
+    assert len(repos) == 3 and all("private=True" in ln for ln in repos)
     text, _, _ = dry_run(make_deployer, private_spaces=False)
     repos = [ln for ln in text.splitlines() if "create_repo(" in ln]
     assert len(repos) == 3 and all("private=False" in ln for ln in repos)
