@@ -222,6 +222,12 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
             ),  # fmt: skip
         }
     final = manifest.latest.version
+    for r in replicas.values():
+        # a replica checks every tensor's digest before it applies a version, so holding the final
+        # version whose model digest equals the trainer's means its weights are the trainer's
+        r["weights_equal_trainer"] = (
+            r["held_version"] == final and manifest.latest.digest == summary["trainer_model_digest"]
+        )
     report = {
         "steps_planned": cfg.max_steps,
         "steps": summary["steps"],
