@@ -128,7 +128,15 @@ def quiet_libraries() -> None:
         handler.addFilter(_terminal_filter)
 
 
-_LIBRARIES = ("trl", "vllm", "transformers", "accelerate", "datasets", "huggingface_hub")
+_LIBRARIES = (
+    "trl",
+    "vllm",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "huggingface_hub",
+    "deltasync",
+)  # the publisher's line per version: the step line has its figures
 
 
 def _terminal_filter(record: logging.LogRecord) -> bool:
