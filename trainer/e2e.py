@@ -231,7 +231,7 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
     report = {
         "steps_planned": cfg.max_steps,
         "steps": summary["steps"],
-        "max_request_wait_s": summary["max_request_wait_s"],
+        "max_request_s": summary["max_request_s"],
         "versions": [v.version for v in manifest.versions],
         "anchors": summary["anchors"],
         "final_version": final,

@@ -44,7 +44,7 @@ class FleetRouter:
         self.wait_s = wait_s
         self.request_timeout_s = request_timeout_s
         self.log_every_s = log_every_s
-        self.max_wait_observed_s = 0.0
+        self.max_request_s = 0.0  # the longest request answered: generation, retries and waits
         self._server = None
         self._thread: threading.Thread | None = None
         self.url: str | None = None
@@ -124,7 +124,7 @@ class FleetRouter:
                     continue
                 version = resp.headers.get(VERSION_HEADER)
                 self.pool.release(r, None, int(version) if version and version.isdigit() else None)
-                self.max_wait_observed_s = max(self.max_wait_observed_s, time.monotonic() - t0)
+                self.max_request_s = max(self.max_request_s, time.monotonic() - t0)
                 return _response(resp, r.replica_id)
 
         return Starlette(routes=[
