@@ -31,304 +31,34 @@ huggingface_hub is imported only when a deploy runs, so importing ``deltasync`` 
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
 import secrets
-import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from deltasync.errors import DeltaSyncError
-
-MASK = "***"
-DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
-# Seconds of inactivity after which a Space on paid hardware sleeps (and stops billing).
-DEFAULT_SLEEP_TIME_S = 3600
-FREE_HARDWARE = ("cpu-basic",)  # sleeps after 48 h by itself; its sleep time cannot be set
-TOKENS_URL = "https://huggingface.co/settings/tokens/new?tokenType=fineGrained"
-# Stages after which a Space will not become RUNNING by itself.
-FAILED_STAGES = ("BUILD_ERROR", "RUNTIME_ERROR", "CONFIG_ERROR", "NO_APP_FILE", "DELETING",
-                 "STOPPED", "PAUSED")  # fmt: skip
-_STAGE_IGNORE = (
-    "__pycache__",
-    "*.pyc",
-    "*.egg-info",
-    "*.nbi",
-    "*.nbc",
-    ".DS_Store",
-    ".pytest_cache",
+from .space_config import (
+    FAILED_STAGES,
+    FREE_HARDWARE,
+    MASK,
+    TOKENS_URL,
+    DeployConfig,
+    DeployError,
+    SpaceSpec,
+    parse_args,
 )
-
-
-class DeployError(DeltaSyncError):
-    """A deploy cannot start or a Space did not come up; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class SpaceSpec:
-    """One Space to deploy.
-
-    Attributes:
-        key: "rollout", "wordle" or "dashboard".
-        folder: the Space's folder relative to the repository root (``spaces/<name>``).
-        name: the Space repo's name in the owner's account.
-        hardware: the flavor to request (``SpaceHardware`` value, e.g. "l4x1", "cpu-basic").
-        variables: Space variables (plain environment variables, visible on the Hub).
-        secrets: Space secrets by name; values are never printed.
-        sleep_time_s: seconds of inactivity before the Space sleeps (stops billing); -1:
-            never; None: the Hub's default (free hardware sleeps after 48 h, paid never).
-        own_context: the folder is the whole Docker build context (the Wordle Space, an OpenEnv
-            environment that needs nothing else of the repository); otherwise the context is the
-            repository root (the Space installs the ``deltasync`` library from it).
-    """
-
-    key: str
-    folder: str
-    name: str
-    hardware: str
-    variables: dict[str, str] = field(default_factory=dict)
-    secrets: dict[str, str] = field(default_factory=dict, repr=False)
-    sleep_time_s: int | None = None
-    own_context: bool = False
-
-
-@dataclass
-class DeployConfig:
-    """Settings of one deploy (``python -m tools.deploy_spaces --help`` lists the flags).
-
-    Attributes:
-        token: the Hugging Face token that creates everything (``HF_TOKEN``); never printed.
-        owner: the account (user or org) to deploy into; None: the token's user (``whoami``).
-        bucket: the bucket's name, or ``owner/name``; the run lives at the bucket's root.
-        model: the model the rollout Space loads (its architecture must match the trainer's).
-        prefix: Space names are ``<prefix>-rollout``, ``<prefix>-wordle``, ``<prefix>-dashboard``.
-        rollout_hardware: GPU flavor of the rollout Space (vLLM needs a GPU on Spaces).
-        wordle_hardware: flavor of the Wordle Space.
-        dashboard_hardware: flavor of the dashboard Space.
-        from_owner: duplicate ``<from_owner>/<space name>`` instead of creating and uploading.
-        private_spaces: create private Spaces (the default: only the owner's tokens reach
-            them, so clients send ``Authorization: Bearer $HF_TOKEN``); False (``--public``):
-            anyone can reach them, and a public rollout Space lets anyone generate on its GPU.
-        private_bucket: create the bucket private (the Spaces read it with their HF_TOKEN).
-        space_token: the HF_TOKEN secret given to the Spaces (``SPACE_HF_TOKEN``): read and write
-            on the bucket is enough (the rollout Space writes its heartbeat); None: ``token``,
-            with a warning.
-        dashboard_token: the dashboard's HF_TOKEN secret (``DASHBOARD_HF_TOKEN``; read access to
-            the bucket is enough); None: ``space_token``.
-        control_token: the rollout Space's CONTROL_TOKEN; None: generate one.
-        poll_interval_s: the rollout Space's manifest poll interval in seconds.
-        sleep_time_s: seconds of inactivity before a Space on paid hardware (the rollout
-            GPU) sleeps and stops billing; a new visitor wakes it. -1: never sleep (it bills
-            until paused); None: leave the Hub's setting.
-        rollout_spaces: the Space names ``--down`` pauses; empty: ``<prefix>-rollout``.
-        wait: wait until every Space is RUNNING.
-        timeout_s: seconds to wait for all Spaces (a vLLM image build takes 10-30 minutes).
-        check_every_s: seconds between runtime checks while waiting.
-        grace_s: a stage seen within this many seconds of the upload, before the Space was seen
-            building, may be the previous deploy's; it counts only after that.
-        repo_root: the repository checkout holding ``pyproject.toml``, ``shared/``, ``spaces/``.
-        state_dir: folder of the generated CONTROL_TOKEN file (mode 0600); None:
-            ``<repo_root>/runs/spaces`` (git-ignored).
-    """
-
-    token: str | None = field(default=None, repr=False)
-    owner: str | None = None
-    bucket: str = "deltasync-run"
-    model: str = DEFAULT_MODEL
-    prefix: str = "deltasync"
-    rollout_hardware: str = "l4x1"
-    wordle_hardware: str = "cpu-basic"
-    dashboard_hardware: str = "cpu-basic"
-    from_owner: str | None = None
-    private_spaces: bool = True
-    private_bucket: bool = True
-    space_token: str | None = field(default=None, repr=False)
-    dashboard_token: str | None = field(default=None, repr=False)
-    control_token: str | None = field(default=None, repr=False)
-    poll_interval_s: float = 1.0
-    sleep_time_s: int | None = DEFAULT_SLEEP_TIME_S
-    rollout_spaces: tuple[str, ...] = ()
-    wait: bool = True
-    timeout_s: float = 3600.0
-    check_every_s: float = 10.0
-    grace_s: float = 60.0
-    repo_root: str = "."
-    state_dir: str | None = None
-
-    def __post_init__(self):
-        if self.poll_interval_s <= 0 or self.timeout_s <= 0 or self.check_every_s <= 0:
-            raise ValueError(
-                "expected poll_interval_s, timeout_s and check_every_s > 0, found "
-                f"{self.poll_interval_s}, {self.timeout_s}, {self.check_every_s}"
-            )
-        if self.sleep_time_s is not None and self.sleep_time_s != -1 and self.sleep_time_s <= 0:
-            raise ValueError(
-                f"expected --sleep-time SECONDS > 0 (or -1: never sleep), found {self.sleep_time_s}"
-            )
-        if self.bucket.count("/") > 1 or not self.bucket.strip("/"):
-            raise ValueError(f"expected --bucket NAME or OWNER/NAME, found {self.bucket!r}")
-        if "/" in self.bucket:
-            owner, _ = self.bucket.split("/")
-            if self.owner and self.owner != owner:
-                raise ValueError(
-                    f"--bucket {self.bucket!r} names owner {owner!r} but --owner is "
-                    f"{self.owner!r}; give one of them"
-                )
-            self.owner = owner
-
-    @property
-    def bucket_name(self) -> str:
-        return self.bucket.split("/")[-1]
-
-
-@dataclass
-class HubCall:
-    """One huggingface_hub ``HfApi`` call: method name and keyword arguments.
-
-    ``secret`` names the arguments whose values are masked when the call is shown; ``stage`` is the
-    Space whose upload folder is staged (as ``folder_path``) right before the call runs.
-    """
-
-    fn: str
-    kwargs: dict[str, Any]
-    secret: tuple[str, ...] = ()
-    stage: SpaceSpec | None = None
-
-    def render(self, staged: list[str] | None = None) -> str:
-        """``fn(k=v, ...)`` with secrets masked; ``staged`` files summarised as ``folder_path``."""
-        parts = []
-        for k, v in self.kwargs.items():
-            parts.append(f"{k}={MASK!r}" if k in self.secret else f"{k}={v!r}")
-        if self.stage is not None:
-            parts.insert(1, f"folder_path=<{summarize_files(staged or [])}>")
-        return f"{self.fn}({', '.join(parts)})"
-
-
-def space_url(owner: str, name: str) -> str:
-    """The public URL of Space ``owner/name``: ``https://<owner>-<name>.hf.space``, lowercased,
-    with ``_`` and ``.`` replaced by ``-``."""
-    host = re.sub(r"[_.]", "-", f"{owner}-{name}".lower())
-    return f"https://{host}.hf.space"
-
-
-def summarize_files(files: list[str]) -> str:
-    """'N files: Dockerfile, README.md, shared/ (k), ...' for a list of relative paths."""
-    groups: dict[str, int] = {}
-    for f in files:
-        top = f.split("/", 2)
-        key = (
-            f if len(top) == 1 else (f"{top[0]}/{top[1]}/" if top[0] == "spaces" else f"{top[0]}/")
-        )
-        groups[key] = groups.get(key, 0) + 1
-    shown = ", ".join(
-        k if n == 1 and not k.endswith("/") else f"{k} ({n})" for k, n in groups.items()
-    )
-    return f"staged {len(files)} files: {shown}"
-
-
-def read_front_matter(readme_text: str) -> dict[str, str]:
-    """Top-level ``key: value`` pairs of a README's YAML front matter ({} without one)."""
-    lines = readme_text.splitlines()
-    if not lines or lines[0].strip() != "---":
-        return {}
-    out = {}
-    for line in lines[1:]:
-        if line.strip() == "---":
-            return out
-        m = re.match(r"^([A-Za-z_][\w-]*):\s*(.*)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
-    raise ValueError("README front matter opens with '---' but never closes")
-
-
-def stage_space(repo_root: str, folder: str, dest: str, own_context: bool = False) -> list[str]:
-    """Write the Space repo's layout for ``folder`` (e.g. ``spaces/vllm-rollout``) into ``dest``.
-
-    With ``own_context`` the folder is the build context and becomes the Space root as it is.
-    Otherwise the Space's Dockerfile builds from the repository root, so the Space root gets what
-    that context has: ``pyproject.toml``, ``shared/deltasync/`` and ``spaces/<space>/``, plus the
-    Space's ``Dockerfile``, ``Dockerfile.dockerignore`` and ``README.md`` at the root (the README's
-    front matter configures the Space; it also serves as ``pyproject.toml``'s readme).
-
-    Returns:
-        The staged files, relative to ``dest`` with ``/``, sorted.
-
-    Raises:
-        DeployError: a required file is missing, or the README front matter is not a Docker Space
-            on port 7860.
-    """
-    src = os.path.join(repo_root, folder)
-    need = [f"{folder}/Dockerfile", f"{folder}/README.md"]
-    if not own_context:
-        need += ["pyproject.toml", "shared/deltasync/__init__.py"]
-    missing = [p for p in need if not os.path.isfile(os.path.join(repo_root, p))]
-    if missing:
-        raise DeployError(
-            f"expected {missing} under {os.path.abspath(repo_root)}: run from the repository "
-            "root (a clone of deltasync) or pass --repo-root"
-        )
-    with open(os.path.join(src, "README.md"), encoding="utf-8") as f:
-        meta = read_front_matter(f.read())
-    if meta.get("sdk") != "docker" or meta.get("app_port") != "7860":
-        raise DeployError(
-            f"{folder}/README.md front matter: expected sdk: docker and app_port: 7860, found "
-            f"sdk: {meta.get('sdk')!r}, app_port: {meta.get('app_port')!r}; fix the front matter"
-        )
-    ignore = shutil.ignore_patterns(*_STAGE_IGNORE)
-    if own_context:
-        shutil.copytree(src, dest, ignore=ignore, dirs_exist_ok=True)
-    else:
-        shutil.copy2(
-            os.path.join(repo_root, "pyproject.toml"), os.path.join(dest, "pyproject.toml")
-        )
-        shutil.copytree(
-            os.path.join(repo_root, "shared", "deltasync"),
-            os.path.join(dest, "shared", "deltasync"),
-            ignore=ignore,
-        )
-        shutil.copytree(src, os.path.join(dest, folder), ignore=ignore)
-        for name in ("Dockerfile", "Dockerfile.dockerignore", "README.md"):
-            if os.path.isfile(os.path.join(src, name)):
-                shutil.copy2(os.path.join(src, name), os.path.join(dest, name))
-    files = []
-    for root, _, names in os.walk(dest):
-        for n in names:
-            files.append(os.path.relpath(os.path.join(root, n), dest).replace(os.sep, "/"))
-    return sorted(files)
-
-
-def hub_api(token: str):
-    """A ``huggingface_hub.HfApi`` for ``token`` (imported here, not at module import).
-
-    Raises:
-        DeployError: huggingface_hub is not installed.
-    """
-    try:
-        from huggingface_hub import HfApi
-    except ImportError as e:
-        raise DeployError(
-            f"deploying needs huggingface_hub ({e}): pip install 'deltasync[hf]'"
-        ) from e
-    return HfApi(token=token)
-
-
-def check_hardware(specs: list[SpaceSpec]) -> None:
-    """Raise ValueError for a hardware flavor huggingface_hub does not know (when installed)."""
-    try:
-        from huggingface_hub import SpaceHardware
-    except ImportError:
-        return  # a dry run without huggingface_hub: nothing to check against
-    known = {h.value for h in SpaceHardware}
-    for s in specs:
-        if s.hardware not in known:
-            raise ValueError(
-                f"{s.key} Space: unknown hardware {s.hardware!r}; expected one of {sorted(known)}"
-            )
+from .space_stage import (
+    HubCall,
+    check_hardware,
+    failure_message,
+    hub_api,
+    logs_hint,
+    mmss,
+    space_url,
+    stage_space,
+)
 
 
 class Deployer:
@@ -666,11 +396,11 @@ class Deployer:
                     building_seen[r] = True
                 settled = building_seen[r] or elapsed >= c.grace_s
                 if stage in FAILED_STAGES and settled:
-                    raise DeployError(self._failure(r, stage, getattr(rt, "raw", {}) or {}))
+                    raise DeployError(failure_message(r, stage, getattr(rt, "raw", {}) or {}))
                 if stage == "RUNNING" and settled:
                     building_seen[r] = True  # counts as done from now on
             done = [r for r in repo_ids if stages[r] == "RUNNING" and building_seen[r]]
-            line = f"[{_mmss(elapsed)}] " + " | ".join(
+            line = f"[{mmss(elapsed)}] " + " | ".join(
                 f"{r.split('/')[-1]} {stages[r]}" for r in repo_ids
             )
             if tty:
@@ -685,7 +415,7 @@ class Deployer:
             if len(done) == len(repo_ids):
                 if tty:
                     self.out.write("\n")
-                self._print(f"all {len(repo_ids)} Spaces are RUNNING after {_mmss(elapsed)}")
+                self._print(f"all {len(repo_ids)} Spaces are RUNNING after {mmss(elapsed)}")
                 return
             if elapsed >= c.timeout_s:
                 if tty:
@@ -695,156 +425,9 @@ class Deployer:
                     f"expected every Space RUNNING within {c.timeout_s:.0f}s, found still "
                     f"waiting: {', '.join(waiting)}. A vLLM image build can take 30 minutes: "
                     "rerun with a larger --timeout-s (re-running is safe), or read the logs: "
-                    + "; ".join(_logs_hint(r.split("/")[0], r.split("/")[1]) for r in waiting)
+                    + "; ".join(logs_hint(r.split("/")[0], r.split("/")[1]) for r in waiting)
                 )
             self.sleep(c.check_every_s)
-
-    @staticmethod
-    def _failure(repo_id: str, stage: str, raw: dict) -> str:
-        owner, name = repo_id.split("/")
-        why = raw.get("errorMessage") or ""
-        fix = {
-            "BUILD_ERROR": "the Docker image failed to build",
-            "RUNTIME_ERROR": "the container exited or failed its health check",
-            "CONFIG_ERROR": "the README front matter is invalid",
-            "NO_APP_FILE": "the Space has no Dockerfile at its root",
-            "PAUSED": f"the Space is paused (make spaces-down): `hf spaces restart {repo_id}` "
-            "or restart it from its settings",
-            "STOPPED": "the Space is stopped: restart it from its settings",
-            "DELETING": "the Space is being deleted",
-        }.get(stage, "")
-        return (
-            f"Space {repo_id} ({space_url(owner, name)}): expected RUNNING, found {stage}"
-            + (f" ({fix})" if fix else "")
-            + (f": {why}" if why else "")
-            + f". See its logs: {_logs_hint(owner, name)}; fix and rerun `make spaces` (safe to "
-            "repeat: every call is idempotent)"
-        )
-
-
-def _logs_hint(owner: str, name: str) -> str:
-    return (
-        f"`hf spaces logs {owner}/{name} --build` (build) or `hf spaces logs {owner}/{name}` "
-        f"(container), or https://huggingface.co/spaces/{owner}/{name}?logs=container"
-    )
-
-
-def _mmss(seconds: float) -> str:
-    s = int(max(0.0, seconds))
-    return f"{s // 60:d}m{s % 60:02d}s"
-
-
-def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None) -> tuple:
-    """(DeployConfig, dry_run, down) from flags, with ``HF_TOKEN``, ``SPACE_HF_TOKEN`` (or the
-    older ``SPACES_HF_TOKEN``), ``DASHBOARD_HF_TOKEN`` and ``CONTROL_TOKEN`` read from ``env``
-    (default ``os.environ``); ``--space-token``/``--dashboard-token`` win over the environment."""
-    env = os.environ if env is None else env
-    d = DeployConfig()
-    p = argparse.ArgumentParser(
-        prog="python -m tools.deploy_spaces",
-        description="Create the bucket and the rollout, Wordle and dashboard Spaces on the "
-        "Hugging Face Hub (HF_TOKEN with write access), wait until they run, and print the "
-        "`make train` line; or with --down pause the rollout Space(s). SPACE_HF_TOKEN "
-        "(optional, recommended): the token the Spaces get as their HF_TOKEN secret (read and "
-        "write on the bucket only), default HF_TOKEN with a warning. DASHBOARD_HF_TOKEN "
-        "(optional): a read-only token for the dashboard, default SPACE_HF_TOKEN. CONTROL_TOKEN "
-        "(optional): the rollout Space's control token, default a new random one saved under "
-        "runs/spaces/.",
-    )
-    p.add_argument("--dry-run", action="store_true", help="print every Hub call, make none")
-    p.add_argument(
-        "--down",
-        action="store_true",
-        help="pause the rollout Space(s) instead of deploying (a paused Space bills nothing)",
-    )
-    p.add_argument(
-        "--rollout-space",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="with --down: a rollout Space to pause (repeatable; default PREFIX-rollout)",
-    )
-    p.add_argument(
-        "--space-token",
-        default=None,
-        metavar="TOKEN",
-        help="the Spaces' HF_TOKEN secret (prefer the SPACE_HF_TOKEN variable: flags are "
-        "visible to other local users)",
-    )
-    p.add_argument(
-        "--dashboard-token",
-        default=None,
-        metavar="TOKEN",
-        help="the dashboard's read-only HF_TOKEN secret (prefer DASHBOARD_HF_TOKEN)",
-    )
-    p.add_argument("--owner", default=None, help="account to deploy into (default: the token's)")
-    p.add_argument("--bucket", default=d.bucket, help="bucket NAME or OWNER/NAME")
-    p.add_argument("--model", default=d.model, help="model the rollout Space serves")
-    p.add_argument("--prefix", default=d.prefix, help="Space names: PREFIX-rollout, ...")
-    p.add_argument("--rollout-hardware", default=d.rollout_hardware, help="a GPU flavor")
-    p.add_argument("--wordle-hardware", default=d.wordle_hardware)
-    p.add_argument("--dashboard-hardware", default=d.dashboard_hardware)
-    p.add_argument("--from-owner", default=None, help="duplicate OWNER's Spaces, no upload")
-    p.add_argument(
-        "--public",
-        action="store_true",
-        help="create public Spaces (default: private; a public rollout Space lets anyone "
-        "generate on its GPU)",
-    )
-    p.add_argument(
-        "--private-spaces", action="store_true", help="create private Spaces (the default)"
-    )
-    p.add_argument("--public-bucket", action="store_true", help="create a public bucket")
-    p.add_argument("--poll-interval-s", type=float, default=d.poll_interval_s)
-    p.add_argument(
-        "--sleep-time",
-        "--rollout-sleep-time-s",
-        dest="sleep_time",
-        type=int,
-        default=d.sleep_time_s,
-        metavar="SECONDS",
-        help="a Space on paid hardware (the rollout GPU) sleeps after this many seconds of "
-        f"inactivity and stops billing; -1: never (default {d.sleep_time_s})",
-    )
-    p.add_argument("--no-wait", action="store_true", help="do not wait for RUNNING")
-    p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="wait at most this")
-    p.add_argument("--check-every-s", type=float, default=d.check_every_s)
-    p.add_argument("--repo-root", default=".", help="the deltasync checkout to upload from")
-    a = p.parse_args(argv)
-    if a.rollout_space and not a.down:
-        p.error("--rollout-space names Spaces to pause: use it with --down")
-    if a.public and a.private_spaces:
-        p.error("--public and --private-spaces contradict each other; give one of them")
-    try:
-        cfg = DeployConfig(
-            token=env.get("HF_TOKEN") or None,
-            owner=a.owner,
-            bucket=a.bucket,
-            model=a.model,
-            prefix=a.prefix,
-            rollout_hardware=a.rollout_hardware,
-            wordle_hardware=a.wordle_hardware,
-            dashboard_hardware=a.dashboard_hardware,
-            from_owner=a.from_owner,
-            private_spaces=not a.public,
-            private_bucket=not a.public_bucket,
-            space_token=a.space_token
-            or env.get("SPACE_HF_TOKEN")
-            or env.get("SPACES_HF_TOKEN")
-            or None,
-            dashboard_token=a.dashboard_token or env.get("DASHBOARD_HF_TOKEN") or None,
-            control_token=env.get("CONTROL_TOKEN") or None,
-            poll_interval_s=a.poll_interval_s,
-            sleep_time_s=a.sleep_time,
-            rollout_spaces=tuple(a.rollout_space),
-            wait=not a.no_wait,
-            timeout_s=a.timeout_s,
-            check_every_s=a.check_every_s,
-            repo_root=a.repo_root,
-        )
-    except ValueError as e:
-        p.error(str(e))
-    return cfg, a.dry_run, a.down
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tools.deploy_spaces import DeployConfig, Deployer
+from tools.deploy_spaces import Deployer
+from tools.space_config import DeployConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKEN = "hf_TESTTOKEN_never_printed_0123456789"

@@ -8,7 +8,9 @@ import io
 
 import pytest
 
-from tools.deploy_spaces import DeployError, main, stage_space
+from tools.deploy_spaces import main
+from tools.space_config import DeployError
+from tools.space_stage import stage_space
 
 from .conftest import TOKEN, FakeHfApi
 

@@ -9,15 +9,9 @@ import sys
 
 import pytest
 
-from tools.deploy_spaces import (
-    MASK,
-    DeployConfig,
-    Deployer,
-    HubCall,
-    parse_args,
-    read_front_matter,
-    space_url,
-)
+from tools.deploy_spaces import Deployer
+from tools.space_config import MASK, DeployConfig, parse_args
+from tools.space_stage import HubCall, read_front_matter, space_url
 
 from .conftest import CONTROL, TOKEN, FakeHfApi
 

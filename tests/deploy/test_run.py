@@ -9,7 +9,7 @@ import io
 import os
 import stat
 
-from tools.deploy_spaces import read_front_matter
+from tools.space_stage import read_front_matter
 
 from .conftest import CONTROL, TOKEN, FakeHfApi
 

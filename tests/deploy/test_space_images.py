@@ -43,7 +43,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from tools.deploy_spaces import DeployConfig, Deployer
+from tools.deploy_spaces import Deployer
+from tools.space_config import DeployConfig
 
 from .conftest import REPO_ROOT
 

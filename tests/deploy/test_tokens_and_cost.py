@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tools.deploy_spaces import (
+from tools.deploy_spaces import main
+from tools.space_config import (
     DEFAULT_SLEEP_TIME_S,
     MASK,
     TOKENS_URL,
     DeployConfig,
     DeployError,
-    main,
     parse_args,
 )
 
