@@ -15,7 +15,8 @@ import sys
 import pandas as pd
 import pytest
 
-from dashboard.data import BYTES_PER_MB, COLUMNS, BucketReader
+from dashboard.data import BucketReader
+from dashboard.frames import BYTES_PER_MB, COLUMNS
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import (
     TRAINER_METRICS_PATH,

@@ -23,7 +23,8 @@ import gradio as gr
 import pandas as pd
 
 from .config import DashboardConfig
-from .data import BucketReader, Snapshot, public_error
+from .data import BucketReader, public_error
+from .frames import Snapshot
 
 log = logging.getLogger("dashboard")
 
