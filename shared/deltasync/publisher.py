@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -33,6 +32,7 @@ import xxhash
 from . import codec, deltafile
 from .bf16 import digest, to_bf16_bits
 from .errors import ConcurrentWriterError, ManifestError, ModelMismatchError, StoreNotFoundError
+from .lease import LeaseKeeper
 from .manifest import (
     MANIFEST_PATH,
     WRITER_PATH,
@@ -41,7 +41,6 @@ from .manifest import (
     ModelFingerprint,
     Payload,
     VersionEntry,
-    WriterLease,
     anchor_dir,
     delta_dir,
     model_digest,
@@ -134,7 +133,10 @@ class DeltaPublisher:
                 "use another bucket prefix for a new run, or pass the same run_id to continue"
             )
         self.run_id = run_id or (self.manifest.run_id if self.manifest else uuid.uuid4().hex[:12])
-        self._acquire_lease()
+        self.lease = LeaseKeeper(
+            self.store, self.run_id, self.writer_id, self.config.lease_s, self.config.takeover
+        )
+        self.lease.acquire()
         self._remove_orphans()
         latest = self.manifest.latest if self.manifest else None
         self._next_version = latest.version + 1 if latest else 0
@@ -153,7 +155,6 @@ class DeltaPublisher:
         self._busy = False
         self._error: BaseException | None = None
         self._closed = False
-        self._lease_at = time.time()
         # payload files dropped by a committed manifest, deleted with the next payload batch
         # (or on close); a crash leaves them as orphans, which the next writer removes
         self._pending_deletes: list[str] = []
@@ -308,7 +309,8 @@ class DeltaPublisher:
             self._pool.shutdown()
             self._diff_pool.shutdown()
             if self._error is None:
-                self._release_lease()
+                paths, self._pending_deletes = self._pending_deletes, []
+                self.lease.release(also_delete=paths)
 
     def __enter__(self) -> DeltaPublisher:
         return self
@@ -332,8 +334,11 @@ class DeltaPublisher:
             with self._cv:
                 while self._pending is None and not self._closed:
                     self._cv.wait(self.config.lease_s / 3)
-                    if self._pending is None and not self._closed:
-                        self._refresh_lease_quiet()
+                    if self._pending is None and not self._closed and self.lease.due:
+                        try:
+                            self.lease.refresh()
+                        except Exception as e:  # kept; the trainer sees it on its next call
+                            self._error = e
                 if self._pending is None and self._closed:
                     return
                 job, self._pending = self._pending, None
@@ -508,7 +513,7 @@ class DeltaPublisher:
                     f"{self.store.uri}: the manifest was changed by writer {current.writer_id!r} "
                     f"while this trainer ({self.writer_id}) was publishing; stop one of them"
                 )
-        self._check_lease()
+        self.lease.check()
         versions = list(current.versions) if current else []
         versions = [v for v in versions if v.version < entry.version] + [entry]
         kept = retained(versions, self.config.keep_anchors)
@@ -521,11 +526,11 @@ class DeltaPublisher:
             updated_at=time.time(),
         )
         # one batch: the lease (when due) first, the manifest last (the commit point)
-        renew = time.time() - self._lease_at > self.config.lease_s / 3
-        items = [(WRITER_PATH, self._lease().model_dump_json().encode())] if renew else []
+        renew = self.lease.due
+        items = [(WRITER_PATH, self.lease.record())] if renew else []
         self.store.write_many(items + [(MANIFEST_PATH, manifest.to_json())])
         if renew:
-            self._lease_at = time.time()
+            self.lease.renewed()
         self.manifest = manifest
         # garbage-collect only after the manifest that drops them is committed: with the next
         # payload batch (no extra request), or on close
@@ -549,63 +554,3 @@ class DeltaPublisher:
         if orphans:
             log.info("removing %d orphaned payload files, e.g. %s", len(orphans), orphans[:3])
             self.store.rm(orphans)
-
-    def _lease(self) -> WriterLease:
-        return WriterLease(
-            writer_id=self.writer_id,
-            run_id=self.run_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            heartbeat_at=time.time(),
-            lease_s=self.config.lease_s,
-        )
-
-    def _acquire_lease(self) -> None:
-        try:
-            other = WriterLease.model_validate_json(self.store.read_bytes(WRITER_PATH))
-        except StoreNotFoundError:
-            other = None
-        if other is not None and not self.config.takeover:
-            age = time.time() - other.heartbeat_at
-            if age < other.lease_s:
-                raise ConcurrentWriterError(
-                    f"{self.store.uri} is being written by writer {other.writer_id} on "
-                    f"{other.host} (pid {other.pid}), last heartbeat {age:.0f}s ago. Stop that "
-                    f"trainer, wait {other.lease_s - age:.0f}s for its lease to expire, or pass "
-                    "takeover=True if it is dead"
-                )
-        self.store.write_bytes(WRITER_PATH, self._lease().model_dump_json().encode())
-
-    def _check_lease(self) -> WriterLease:
-        """The lease in the store; raises ConcurrentWriterError if another writer holds it."""
-        lease = WriterLease.model_validate_json(self.store.read_bytes(WRITER_PATH))
-        if lease.writer_id != self.writer_id:
-            raise ConcurrentWriterError(
-                f"{self.store.uri}: writer {lease.writer_id} on {lease.host} took this run over; "
-                f"this trainer ({self.writer_id}) stops publishing"
-            )
-        return lease
-
-    def _refresh_lease(self) -> None:
-        self._check_lease()
-        self.store.write_bytes(WRITER_PATH, self._lease().model_dump_json().encode())
-        self._lease_at = time.time()
-
-    def _refresh_lease_quiet(self) -> None:
-        if time.time() - self._lease_at > self.config.lease_s / 3:
-            try:
-                self._refresh_lease()
-            except Exception as e:  # recorded; the trainer sees it on its next publish()/flush()
-                self._error = e
-
-    def _release_lease(self) -> None:
-        """Delete the lease (if still ours) and the pending retention deletes in one call."""
-        paths, self._pending_deletes = self._pending_deletes, []
-        try:
-            lease = WriterLease.model_validate_json(self.store.read_bytes(WRITER_PATH))
-        except StoreNotFoundError:
-            lease = None
-        if lease is not None and lease.writer_id == self.writer_id:
-            paths = paths + [WRITER_PATH]
-        if paths:
-            self.store.rm(paths)
