@@ -216,7 +216,7 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
                 (
                     e["step"]
                     for e in summary["e2e"]["faults"]
-                    if e["event"].startswith("kill") and rid == LATE
+                    if e["event"].startswith("kill") and e["during_training"] and rid == LATE
                 ),
                 None,
             ),  # fmt: skip

@@ -137,7 +137,8 @@ def test_discovery_from_heartbeats_join_leave_and_bad_urls(replicas, caplog):
             replica_id=rid, held_version=1, newest_seen=1, lag_versions=0, lag_s=0.0,
             status="ok", url=url, updated_at=time.time() - age_s))  # fmt: skip
 
-    pool = ReplicaPool(store=store, heartbeat_max_age_s=60.0, require_https=True)
+    pool = ReplicaPool(store=store, heartbeat_max_age_s=60.0, require_https=True,
+                       discover_interval_s=0.0)  # every refresh reads the heartbeats  # fmt: skip
     announce("a", a.url)
     announce("evil", "http://203.0.113.7:8000")  # plain http off loopback, remote bucket
     announce("bad", "ftp://x/y")
