@@ -58,6 +58,8 @@ class TrainConfig:
             (``num_generations``): on 2 cores the trainer, not generation, is the bottleneck, so
             a longer queue only adds staleness (one step's worth: 29% discarded).
         warm_start_games: solver games in the local model's warm start (``trainer.warm_start``).
+        model_hidden_size: hidden size of the local model (``tiny``; Qwen3, head_dim 64).
+        model_layers: decoder layers of the local model.
         warm_start_epochs: passes over them.
         cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
         eval_episodes: held-out games played through the replica before the first GRPO step and
@@ -99,6 +101,8 @@ class TrainConfig:
     max_inflight_tasks: int | None = None
     queue_maxsize: int | None = None
     warm_start_games: int = 3000
+    model_hidden_size: int = 128
+    model_layers: int = 2
     warm_start_epochs: int = 3
     cache_dir: str | None = None
     eval_episodes: int = 64

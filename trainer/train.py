@@ -41,7 +41,10 @@ def initial_model(cfg: TrainConfig) -> tuple[str, float]:
         return model, 0.0
     from .warm_start import WarmStartConfig, warm_start
 
-    ws = WarmStartConfig(games=cfg.warm_start_games, epochs=cfg.warm_start_epochs, seed=cfg.seed)
+    ws = WarmStartConfig(
+        games=cfg.warm_start_games, epochs=cfg.warm_start_epochs, seed=cfg.seed,
+        hidden_size=cfg.model_hidden_size, layers=cfg.model_layers,
+    )  # fmt: skip
     return warm_start(cfg.cache_dir or os.path.join(cfg.runs_root, "cache"), ws)
 
 
