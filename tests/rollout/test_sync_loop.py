@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from rollout_helpers import FakeEngine, Trainer, corrupt_payload
 
-from deltasync import codec
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import heartbeat_path
+from deltasync.store import Store
 from rollout.sync_loop import SyncLoop
 
 
@@ -118,29 +118,38 @@ def test_corrupt_delta_is_refused_then_recovered_from_next_anchor(tiny_model_dir
 
 
 def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
-    """A trainer that restarted from a different state publishes a delta whose base v2 is not
-    the v2 the replica holds: the result digests disagree, so it is refused."""
+    """A trainer that diverged (another history to the same version numbers) publishes a delta
+    whose base v2 is not the v2 the replica holds: the result digests disagree, so it is
+    refused; its next anchor is taken. The diverged trainer publishes into a bucket of its own,
+    and its versions are carried into the run's bucket through the public Store and Manifest."""
     tr = Trainer(tiny_model_dir, bucket, anchor_every=4)
     eng, loop = make(tr, bucket, tmp_path)
     tr.publish_many(2)
     loop.poll_once()
-    # the diverged trainer: same v2 number, different bits, publishing into the same run
     tr.close()
-    tr2 = Trainer(tiny_model_dir, bucket, anchor_every=4, seed=7)
-    tr2.pub._snapshot = {n: a.copy() for n, a in tr.versions[2].items()}
-    tr2.pub._snap_version = 2
-    tr2.pub._fingerprint = tr.pub._fingerprint
-    tr2.pub._digests = dict(tr.pub._digests)
-    tr2.pub._since_anchor = 2
-    tr2.bits = {n: a.copy() for n, a in tr.versions[2].items()}
-    tr2.versions = dict(tr.versions)
-    tr2.pub._snapshot["model.norm.weight"] = tr2.pub._snapshot["model.norm.weight"] ^ np.uint16(1)
-    # the encoder's class map follows the (diverged) base it encodes against
-    tr2.pub._classes = {n: codec.exponent_classes(a) for n, a in tr2.pub._snapshot.items()}
+    other = str(tmp_path / "diverged")
+    tr2 = Trainer(tiny_model_dir, other, anchor_every=4, seed=7)
+    tr2.publish()
+    tr2.publish(["model.norm.weight"])
+    tr2.publish(["model.norm.weight"])  # its own v2, not the replica's
+
+    def carry(version: int) -> None:
+        """Copy ``version``'s files and manifest entry from the diverged bucket to the run's."""
+        src, dst = Store(other), Store(bucket)
+        entry = Manifest.from_json(src.read_bytes(MANIFEST_PATH)).entry(version)
+        for payload in (entry.delta, entry.anchor):
+            for f in payload.files if payload else []:
+                dst.write_bytes(f.path, src.read_bytes(f.path))
+        run = Manifest.from_json(dst.read_bytes(MANIFEST_PATH))
+        dst.write_bytes(MANIFEST_PATH, run.model_copy(update={"versions": [*run.versions, entry]})
+                        .to_json())  # fmt: skip
+
     v3 = tr2.publish(["model.norm.weight", "model.layers.0.mlp.up_proj.weight"])
+    carry(v3)
     assert loop.poll_once() is None
     assert loop.served_version == 2 and "digest" in loop.last_error
-    v4 = tr2.publish(["model.norm.weight"])  # anchor
+    v4 = tr2.publish(["model.norm.weight"])  # anchor (anchor_every=4)
+    carry(v4)
     rec = loop.poll_once()
     assert rec.version == v4 == v3 + 1 and rec.kind == "anchor"
     assert_exact(eng, loop, tr2, v4)
