@@ -78,6 +78,7 @@ class Store:
         backoff_s: first retry delay in seconds; doubles each attempt.
         create: create a local folder that does not exist yet (readers pass False).
         max_retry_after_s: longest wait (seconds) honoured from a 429's ``Retry-After``.
+        sleep: how the Store waits between retries (``time.sleep``; a simulated clock in tests).
         storage_options: passed to the fsspec filesystem (s3://, ...); on hf:// ``token=`` and
             ``endpoint=`` go to huggingface_hub's ``HfApi``.
 
@@ -93,6 +94,7 @@ class Store:
         backoff_s: float = 0.5,
         create: bool = True,
         max_retry_after_s: float = 120.0,
+        sleep: Callable[[float], None] = time.sleep,
         **storage_options,
     ):
         if not uri:
@@ -102,7 +104,7 @@ class Store:
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_retry_after_s = max_retry_after_s
-        self._sleep: Callable[[float], None] = time.sleep  # tests replace it (simulated clock)
+        self.sleep = sleep
         self.hub: HubBucket | None = None
         if self.uri.startswith("hf://") and not self.uri.startswith("hf://buckets/"):
             raise ValueError(
@@ -151,7 +153,7 @@ class Store:
                 log.warning(
                     "%s %s rate limited (429); waiting %.1fs (retry %d)", what, path, wait, attempt
                 )
-                self._sleep(wait)
+                self.sleep(wait)
                 delay *= 2
             except (StoreAccessError, StoreNotFoundError, StoreRateLimitError):
                 raise  # already typed, with the bucket and the fix in the message
@@ -170,7 +172,7 @@ class Store:
                         f"{what}: {where} failed after {attempt} attempts: {e!r}"
                     ) from e
                 log.warning("%s %s failed (%r); retry %d in %.1fs", what, where, e, attempt, delay)
-                self._sleep(delay)
+                self.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
 

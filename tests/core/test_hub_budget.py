@@ -269,9 +269,8 @@ def test_missing_manifest_is_no_version_but_missing_bucket_and_bad_token_are_lou
 
 
 def test_rate_limit_waits_retry_after(hub):
-    store = Store(URI, retries=3)
     waits = []
-    store._sleep = waits.append
+    store = Store(URI, retries=3, sleep=waits.append)
     store.write_bytes("a.json", b"1")
     hub.throttle = 2
     assert store.read_bytes("a.json") == b"1"

@@ -143,19 +143,17 @@ def test_model_mismatch_refused(store_uri, trainer):
         pub.publish(trainer.named())  # the publisher keeps working after bad input
 
 
-def test_coalescing_when_uploads_fall_behind(store_uri, trainer, monkeypatch):
+def test_coalescing_when_uploads_fall_behind(store_uri, trainer):
     import threading
 
     gate, entered = threading.Event(), threading.Event()
     pub = DeltaPublisher(store_uri)
-    real_commit = pub._commit
 
-    def slow_commit(job):
+    def slow_commit(entry):  # the public seam: v0's commit waits on the gate
         entered.set()
         gate.wait(10)
-        real_commit(job)
 
-    monkeypatch.setattr(pub, "_commit", slow_commit)
+    pub.before_commit = slow_commit
     v0 = pub.publish(trainer.named(), step=0)
     assert entered.wait(10)  # v0 is being uploaded (blocked on the gate): later ones queue
     truth = {}
