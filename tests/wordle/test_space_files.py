@@ -70,8 +70,8 @@ def test_dockerfile_runs_as_uid_1000_with_a_health_check() -> None:
 def test_word_lists_ship_as_package_data() -> None:
     pyproject = tomllib.loads((SPACE / "pyproject.toml").read_text())
     assert pyproject["tool"]["setuptools"]["package-dir"]["wordle_env"] == "."
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["wordle_env"]
-    package = SPACE
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["wordle_env.words"]
+    package = SPACE / pyproject["tool"]["setuptools"]["package-dir"]["wordle_env.words"]
     shipped = {p.name for pattern in patterns for p in package.glob(pattern)}
     assert {"answers.txt", "allowed.txt", "SOURCE.md", "SCOWL-COPYRIGHT.txt"} <= shipped
 
