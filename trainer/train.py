@@ -293,7 +293,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             stale_fraction=metrics_cb.stale_fraction(),
         )
         summary["fleet"] = pool.snapshot()
-        summary["max_request_s"] = round(router.max_wait_observed_s, 1)
+        summary["max_request_s"] = round(router.max_request_s, 1)
         summary["trainer_model_digest"] = _model_digest(trainer.model)
         summary["replica_bit_exact"] = _replica_bit_exact(summary)
         if before_stop is not None:
