@@ -289,12 +289,14 @@ class ReplicaPool:
         return "; ".join(parts) or "no replica known (none announced in the bucket)"
 
     def snapshot(self) -> list[dict]:
-        """Per replica: url, id, state, held version, in flight, served, failed, last error."""
+        """Per replica: url, id, state, held version, in flight, served, failed, last error, and
+        the answers it served per bucket version (from ``X-Deltasync-Version``)."""
         with self.lock:
             return [
                 {"url": r.url, "replica_id": r.replica_id, "state": r.state,
                  "held_version": r.held_version, "inflight": r.inflight, "served": r.served,
-                 "failed": r.failed, "last_error": r.last_error}
+                 "failed": r.failed, "last_error": r.last_error,
+                 "served_by_version": dict(sorted(r.versions.items()))}
                 for r in self.replicas.values()
             ]  # fmt: skip
 

@@ -238,7 +238,6 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         # TRL, the context check and the evaluations all reach the fleet through the router.
         replica_url = cfg.vllm_url = router.start(local_stack.free_port())
         log.info("rollout fleet behind %s: %s", replica_url, pool.describe())
-        headers: dict[str, str] = {}  # the router adds each replica's own
 
         def replica_version():
             return pool.oldest_serving_version()
@@ -254,7 +253,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             t0 = time.time()
             block = evaluate(
                 replica_url, model_path, env_url, eval_seeds(count=cfg.eval_episodes),
-                cfg.max_completion_length, cfg.eval_temperature, headers=headers,
+                cfg.max_completion_length, cfg.eval_temperature,
             )  # fmt: skip
             evals[label] = block
             metrics_cb.add_eval(label, step, version, block)
@@ -262,12 +261,12 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
 
         def first_apply(version: int) -> None:
             """Once a replica serves the first version: the context check, the evaluation."""
-            worst = check_context(replica_url, model_path, cfg.max_completion_length, headers)
+            worst = check_context(replica_url, model_path, cfg.max_completion_length)
             log.info("a full episode fits the replica's context (at most %d tokens)", worst)
             run_eval("before", 0, version)
 
         trainer, transfer, tagger = build_trainer(
-            cfg, model_path, publisher, replica_version, lambda v: first_apply(v)
+            cfg, model_path, publisher, replica_version, first_apply
         )
         metrics_cb.tagger = tagger
         metrics_cb.fleet = pool.snapshot

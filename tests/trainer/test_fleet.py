@@ -76,6 +76,8 @@ def test_requests_spread_over_every_healthy_replica(fleet, replicas):
     assert by == {a.url, b.url}
     assert min(a.requests, b.requests) >= 0.2 * 40  # each serves at least 20%
     assert all(r.headers["X-Deltasync-Version"] == "1" for r in out)
+    by_version = [p["served_by_version"] for p in pool.snapshot()]
+    assert sum(v[1] for v in by_version) == 40  # every answer counted under its version
 
 
 def test_refused_503_and_hanging_replicas_lose_no_request(fleet, replicas):
