@@ -28,8 +28,8 @@ class TrainConfig:
             ``tiny`` for the local run, ``Qwen/Qwen3-0.6B`` with a bucket.
         vllm_url: the rollout fleet: comma-separated replica base URLs (their ``/v1`` OpenAI API),
             and/or ``auto`` (every replica that announces its URL in a fresh bucket heartbeat
-            joins; see ``trainer.fleet``). None: start one replica locally (and let others that
-            follow the local bucket join).
+            joins; see ``trainer.fleet``). None: ``auto`` with a bucket; for the local default, one
+            replica started here (and others that follow the local bucket join).
         fleet_wait_s: how long rollouts wait while no replica serves before they fail, seconds.
         fleet_health_interval_s: seconds between the fleet's health checks of each replica
             (HTTP ``/health``; no Hub call).

@@ -212,10 +212,12 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             ),
         )
         fixed_urls, discover = fleet.parse_vllm_urls(cfg.vllm_url)
-        if not fixed_urls and not discover:  # the local default: one replica of our own
+        if not fixed_urls and not discover and cfg.local:  # one replica of our own
             replica = local_stack.start_replica(store_uri, model_path, logs_dir)
             children.append(replica)
             fixed_urls, discover = [replica.url], True  # late local replicas join by heartbeat
+        elif not fixed_urls:  # a bucket and no VLLM_URL: every replica that follows it
+            discover = True
         if cfg.dashboard and cfg.local:
             children.append(local_stack.start_dashboard(store_uri, cfg.dashboard_port, logs_dir))
             log.info("dashboard: http://127.0.0.1:%d", cfg.dashboard_port)
