@@ -30,7 +30,6 @@ import numpy as np
 import xxhash
 
 from . import codec, deltafile
-from .bf16 import digest, to_bf16_bits
 from .errors import ConcurrentWriterError, ManifestError, ModelMismatchError, StoreNotFoundError
 from .lease import LeaseKeeper
 from .manifest import (
@@ -47,6 +46,7 @@ from .manifest import (
     part_name,
     retained,
 )
+from .snapshot import DIFF_ON, Snapshot, compose_changes
 from .store import Store, open_store
 
 log = logging.getLogger("deltasync.publisher")
@@ -67,6 +67,9 @@ class PublisherConfig:
         zstd_level: zstandard level of the value streams (1-22).
         encode_threads: threads that diff and encode tensors in parallel (the kernels release
             the GIL); the default suits the 2-core CPU default, use more on a big trainer host.
+        diff_on: where ``publish`` diffs (``deltasync.snapshot.Snapshot``): ``auto`` on the
+            device that holds each tensor (an accelerator keeps a bf16 copy of the last
+            published bits; only changes cross to the host), ``host``, or ``device``.
         lease_s: the writer lease in seconds; another trainer is refused while it is fresh.
         takeover: take the run over even if another writer's lease looks fresh.
     """
@@ -79,10 +82,13 @@ class PublisherConfig:
     encode_threads: int = 2
     lease_s: float = 120.0
     takeover: bool = False
+    diff_on: str = "auto"
 
     def __post_init__(self):
         if self.anchor_every < 1 or self.keep_anchors < 1 or self.part_bytes < 1:
             raise ValueError(f"anchor_every, keep_anchors, part_bytes must be >= 1: {self}")
+        if self.diff_on not in DIFF_ON:
+            raise ValueError(f"diff_on must be one of {DIFF_ON}, found {self.diff_on!r}")
 
 
 @dataclass
@@ -140,12 +146,10 @@ class DeltaPublisher:
         self._remove_orphans()
         latest = self.manifest.latest if self.manifest else None
         self._next_version = latest.version + 1 if latest else 0
-        self._snapshot: dict[str, np.ndarray] | None = None
         # exponent classes (uint8 per element) of the version the encoder last handled; only the
         # background thread touches it, so the trainer's diff never computes ranks
         self._classes: dict[str, np.ndarray] = {}
         self._snap_version: int | None = None
-        self._digests: dict[str, str] = {}
         self._fingerprint: ModelFingerprint | None = None
         self._since_anchor = 0  # versions since the last anchor (diffed, not only committed)
         self._delta_bytes_since_anchor = 0
@@ -160,6 +164,7 @@ class DeltaPublisher:
         self._pending_deletes: list[str] = []
         self._pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-encode")
         self._diff_pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-diff")
+        self._snap = Snapshot(self.config.diff_on, self._diff_pool.map)
         self._thread = threading.Thread(target=self._run, name="deltasync-publisher", daemon=True)
         self._thread.start()
         self.published: list[VersionEntry] = []  # entries committed by this publisher
@@ -180,24 +185,70 @@ class DeltaPublisher:
             ModelMismatchError: names or shapes differ from the first published version.
             The error of a failed background upload, if one happened since the last call.
         """
+
+        def make_job(version):
+            named = self._validated(named_tensors)
+            if not self._snap.bits:
+                return self._first(named, version, step)
+            return self._diff(named, version, step, self._snap.diff)
+
+        return self._queue(make_job)
+
+    def publish_changes(self, changes: dict[str, codec.TensorChange], step: int | None = None):
+        """Queue a version given as its changes against the last version queued.
+
+        For trainers whose parameters are spread over ranks (``deltasync.sharded``): each rank
+        diffs what it holds and rank 0 passes the gathered changes here. The first version must
+        come through :meth:`publish` (whole tensors).
+
+        Args:
+            changes: {checkpoint name: TensorChange} with flat positions in the full tensor,
+                ascending; tensors that did not change are left out.
+            step: the trainer's optimizer step, recorded in the manifest.
+
+        Returns:
+            The new version number.
+
+        Raises:
+            ModelMismatchError: nothing was published yet, or a name is not in the model.
+            ValueError: a change's old bits are not the last version's bits (diffed against
+                another base) or its positions are out of range; nothing is queued then.
+        """
+
+        def advance(_):
+            self._snap.advance(changes)
+            return dict(changes)
+
+        def make_job(version):
+            if not self._snap.bits:
+                raise ModelMismatchError(
+                    "publish_changes() before publish(): send whole tensors first"
+                )
+            unknown = sorted(set(changes) - set(self._snap.bits))
+            if unknown:
+                raise ModelMismatchError(f"changes name tensors not in the model: {unknown[:3]}")
+            return self._diff(None, version, step, advance)
+
+        return self._queue(make_job)
+
+    def _queue(self, make_job: Callable[[int], _Job]) -> int:
+        """Build the next version's job under the lock (``make_job(version)``; an exception
+        leaves nothing changed) and hand it to the background thread."""
         t0 = time.perf_counter()
         with self._cv:
             self._raise_error()
             if self._closed:
-                raise RuntimeError("publish() after close()")
-            named = self._validated(named_tensors)
-            version = self._next_version
-            if self._snapshot is None:
-                job = self._first(named, version, step)
-            else:
-                job = self._diff(named, version, step)
+                raise RuntimeError("publishing after close()")
+            job = make_job(self._next_version)
             self._next_version += 1
             job.timings["diff_s"] = time.perf_counter() - t0
             self._pending = job
             self._snap_version = job.version
             self._cv.notify_all()
-        log.debug("diffed v%d: %d changed in %.3fs", version, job.changed, job.timings["diff_s"])
-        return version
+        log.debug(
+            "diffed v%d: %d changed in %.3fs", job.version, job.changed, job.timings["diff_s"]
+        )
+        return job.version
 
     def _validated(self, named_tensors) -> list[tuple[str, Any]]:
         """Check names and shapes before anything changes, so bad input leaves no trace."""
@@ -228,45 +279,29 @@ class DeltaPublisher:
         return named
 
     def _first(self, named, version, step) -> _Job:
-        snap = {name: np.array(to_bf16_bits(t), copy=True) for name, t in named}
-        self._fingerprint = ModelFingerprint.of({n: a.shape for n, a in snap.items()})
-        self._snapshot = snap
-        self._digests = {n: digest(a) for n, a in snap.items()}
+        snap = self._snap
+        snap.reset(named)
+        self._fingerprint = ModelFingerprint.of({n: a.shape for n, a in snap.bits.items()})
         self._since_anchor = 0
-        anchor = {n: a.copy() for n, a in snap.items()}
-        total = sum(a.size for a in snap.values())
-        return _Job(version, step, None, {}, anchor, dict(self._digests), total)
+        return _Job(version, step, None, {}, snap.copy_bits(), dict(snap.digests), snap.total)
 
-    def _diff(self, named, version, step) -> _Job:
-        snap = self._snapshot
+    def _diff(self, named, version, step, find_changes) -> _Job:
+        """The next version: ``find_changes(named)`` advances the snapshot and returns the
+        changes (``Snapshot.diff``, or ``Snapshot.advance`` for changes found by the ranks)."""
+        snap = self._snap
+        changes = find_changes(named)
         base_version = self._snap_version
         coalesced, force_anchor = 0, False
-        pending = self._pending
+        pending, self._pending = self._pending, None
         if pending is not None:  # not started: fold it into this version
             coalesced, force_anchor = pending.coalesced + 1, pending.anchor is not None
             base_version = pending.base_version
-            self._pending = None
-            if base_version is None:  # it was an anchor-only version: publish anchor-only again
-                self._snapshot = None
-                job = self._first(named, version, step)
-                job.coalesced = coalesced
-                return job
-            for name, ch in pending.changes.items():
-                snap[name].reshape(-1)[ch.idx] = ch.old_bits
-                self._digests[name] = digest(snap[name])
-
-        def one(item):  # distinct tensors per thread; the kernels release the GIL
-            name, t = item
-            ch = codec.diff(snap[name], to_bf16_bits(t))
-            if not ch.n_changed:
-                return name, None, None
-            snap[name].reshape(-1)[ch.idx] = ch.new_bits
-            return name, ch, digest(snap[name])
-
-        changes = {}
-        for name, ch, dg in self._diff_pool.map(one, named):
-            if ch is not None:
-                changes[name], self._digests[name] = ch, dg
+            if base_version is None:  # it was an anchor-only version: anchor-only again
+                self._since_anchor = 0
+                anchor = snap.copy_bits()
+                digests = dict(snap.digests)
+                return _Job(version, step, None, {}, anchor, digests, snap.total, coalesced)
+            changes = compose_changes(pending.changes, changes)
         self._since_anchor += 1
         anchor_due = (
             force_anchor
@@ -279,11 +314,10 @@ class DeltaPublisher:
         )
         anchor = None
         if anchor_due:
-            anchor = {n: a.copy() for n, a in snap.items()}
+            anchor = snap.copy_bits()
             self._since_anchor = 0
-        total = sum(a.size for a in snap.values())
         return _Job(
-            version, step, base_version, changes, anchor, dict(self._digests), total, coalesced
+            version, step, base_version, changes, anchor, dict(snap.digests), snap.total, coalesced
         )
 
     def flush(self, timeout: float | None = None) -> None:

@@ -11,6 +11,7 @@ digest of the full post-update tensor BEFORE anything is applied.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -127,16 +128,23 @@ class DeltaSubscriber:
     Args:
         store: a Store or URI (the run root).
         fetch_threads: parallel downloads of payload parts.
+        decode_threads: tensors decoded and verified in parallel (the codec's kernels, zstd and
+            xxh3 release the GIL); default: every core of the machine.
     """
 
-    def __init__(self, store: Store | str, fetch_threads: int = 4):
+    def __init__(
+        self, store: Store | str, fetch_threads: int = 4, decode_threads: int | None = None
+    ):
         self.store = open_store(store)
         self._pool = ThreadPoolExecutor(fetch_threads, "deltasync-fetch")
+        self.decode_threads = decode_threads or os.cpu_count() or 1
+        self._decode_pool = ThreadPoolExecutor(self.decode_threads, "deltasync-decode")
         self._manifest_tag: str | None = None  # read_if_changed tag of the last manifest read
         self._manifest: Manifest | None = None
 
     def close(self) -> None:
         self._pool.shutdown()
+        self._decode_pool.shutdown()
 
     def read_manifest(self) -> Manifest | None:
         """The current manifest, or None while the run has no version yet (no manifest in an
@@ -283,7 +291,6 @@ class DeltaSubscriber:
                 f"delta v{step.version} applies to base v{step.base_version}, but the replica "
                 f"holds v{held.version}; re-plan from the held version (or re-anchor)"
             )
-        patches = []
         for name, t in fetched.tensors.items():
             base = held.tensors.get(name)
             if base is None or base.shape != t.shape:
@@ -291,27 +298,57 @@ class DeltaSubscriber:
                     f"delta v{step.version} changes {name} {t.shape}; the replica holds "
                     f"{None if base is None else base.shape}"
                 )
-            idx, new = codec.decode(t.data, base)
+
+        def patch(item):  # one tensor per thread: decode, patch the held bits, verify
+            name, t = item
+            flat = held.tensors[name].reshape(-1)
+            idx, new = codec.decode(t.data, flat)
             if idx.shape[0] != t.changed:
                 raise DeltaCorruptError(
                     f"{name}: {idx.shape[0]} changes decoded, {t.changed} declared"
                 )
-            result = base.copy()
-            result.reshape(-1)[idx] = new
-            if digest(result) != t.digest:
+            old = flat[idx]
+            flat[idx] = new
+            got = digest(flat)
+            if got != t.digest:
+                flat[idx] = old
                 raise DeltaCorruptError(
-                    f"v{step.version} {name}: result digest {digest(result)} != published "
-                    f"{t.digest}; the held base differs from the publisher's or the file is damaged"
+                    f"v{step.version} {name}: result digest {got} != published {t.digest}; "
+                    "the held base differs from the publisher's or the file is damaged"
                 )
-            patches.append(Patch(name, t.shape, idx, new))
+            return Patch(name, t.shape, idx, new), old
+
+        done = self._all_or_nothing(patch, list(fetched.tensors.items()), held)
         digests = dict(held.digests)
         digests.update({n: t.digest for n, t in fetched.tensors.items()})
-        self._check_model_digest(step, digests, manifest)
-        for p in patches:  # commit
-            held.tensors[p.name].reshape(-1)[p.indices] = p.values
+        try:
+            self._check_model_digest(step, digests, manifest)
+        except DeltaCorruptError:
+            self._undo(done, held)
+            raise
         held.digests = digests
         held.version = step.version
-        return patches
+        return [p for p, _ in done]
+
+    def _all_or_nothing(self, fn, items, held: HeldWeights) -> list:
+        """``fn`` over items on the decode threads; if any raised, undo the others' patches
+        (each result is (Patch, old bits)) and raise the first error."""
+        futures = [self._decode_pool.submit(fn, item) for item in items]
+        done, errors = [], []
+        for f in futures:
+            try:
+                done.append(f.result())
+            except Exception as e:  # collected; the first is raised once all have finished
+                errors.append(e)
+        if errors:
+            self._undo(done, held)
+            raise errors[0]
+        return done
+
+    @staticmethod
+    def _undo(done: list, held: HeldWeights) -> None:
+        for p, old in done:
+            held.tensors[p.name].reshape(-1)[p.indices] = old
 
     def _apply_anchor(self, fetched: Fetched, held: HeldWeights, manifest):
         step = fetched.step
@@ -322,13 +359,17 @@ class DeltaSubscriber:
                 raise ModelMismatchError(
                     f"anchor v{step.version} tensors differ from the manifest's model fingerprint"
                 )
-        tensors, digests, out = {}, {}, []
-        for name, t in fetched.tensors.items():
+
+        def full(item):
+            name, t = item
             bits = np.array(t.data, copy=True)
             if digest(bits) != t.digest:
                 raise DeltaCorruptError(f"anchor v{step.version} {name}: digest mismatch")
-            tensors[name], digests[name] = bits, t.digest
-            out.append(FullTensor(name, t.shape, bits))
+            return FullTensor(name, t.shape, bits)
+
+        out = list(self._decode_pool.map(full, fetched.tensors.items()))
+        tensors = {f.name: f.values for f in out}
+        digests = {n: t.digest for n, t in fetched.tensors.items()}
         self._check_model_digest(step, digests, manifest)
         held.tensors, held.digests, held.version = tensors, digests, step.version
         return out
