@@ -333,6 +333,8 @@ class DeltaSubscriber:
     def _all_or_nothing(self, fn, items, held: HeldWeights) -> list:
         """``fn`` over items on the decode threads; if any raised, undo the others' patches
         (each result is (Patch, old bits)) and raise the first error."""
+        # largest first, so that no big tensor starts last while the other threads idle
+        items = sorted(items, key=lambda it: -it[1].data.nbytes)
         futures = [self._decode_pool.submit(fn, item) for item in items]
         done, errors = [], []
         for f in futures:
