@@ -173,37 +173,48 @@ def gpu_diff(base, new, device, count) -> dict:
     held = {n: device_bits(m).clone() for n, m in dev.items()}
     for n in list(held)[:2]:  # warm-up (kernels, allocator)
         diff_on_device(held[n].clone(), nxt[n])
-    on_dev, via_host, crossed = {}, {}, {}
+    on_dev, via_host, crossed, patch = {}, {}, {}, {}
     for n in dev:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()  # without a device copy: the new version to the host snapshot
+        codec.diff(base[n], to_bf16_bits(nxt[n]))
+        via_host[n] = time.perf_counter() - t0
         torch.cuda.synchronize()
         ch, on_dev[n] = timed(diff_on_device, held[n], nxt[n])
         crossed[n] = 12 * ch.n_changed
-        base_bits = to_bf16_bits(dev[n])
+        # the replica's in-place apply of the same change: positions and bits up, one scatter
+        weights = device_bits(dev[n])  # a view: dev[n] becomes the new version
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        codec.diff(base_bits, to_bf16_bits(nxt[n]))
-        via_host[n] = time.perf_counter() - t0
+        idx = torch.from_numpy(ch.idx).to(device, non_blocking=True)
+        weights[idx] = torch.from_numpy(ch.new_bits.view(np.int16)).to(device, non_blocking=True)
+        torch.cuda.synchronize()
+        patch[n] = time.perf_counter() - t0
+        assert torch.equal(weights, held[n]), f"{n}: patched weights differ from the trainer's"
     return {
         "device": torch.cuda.get_device_name(),
         "diff_on_device_s": scaled(on_dev, count),
         "copy_to_host_then_diff_s": scaled(via_host, count),
         "bytes_to_host_on_device": int(scaled(crossed, count)),
-        "bytes_to_host_copy_first": int(2 * scaled({n: m.numel() for n, m in dev.items()}, count)),
+        "patch_in_place_s": scaled(patch, count),
+        "bytes_to_host_via_host": int(2 * scaled({n: m.numel() for n, m in dev.items()}, count)),
     }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers measured per model")
+    p.add_argument(
+        "--layers", default="28,8", help="decoder layers measured, per model (0.6B: all of them)"
+    )
     p.add_argument("--out", default="bench/results/shapes.json")
     a = p.parse_args()
     cores = os.cpu_count() or 1
     threads = sorted({1, 2, cores})
     device = "cuda" if torch.cuda.is_available() else None
     res = {"machine": f"{platform.processor() or platform.machine()}, {cores} cores", "models": {}}
-    for m in a.models.split(","):
-        r = bench_model(m, a.layers, threads, device)
+    for m, layers in zip(a.models.split(","), a.layers.split(","), strict=True):
+        r = bench_model(m, int(layers), threads, device)
         res["models"][m] = r
         ap = r["replica_apply_s"]
         line = (
@@ -218,7 +229,8 @@ def main() -> None:
             gr = r["gpu"]
             line += (
                 f"; GPU diff {gr['diff_on_device_s']:.3f} s on device vs "
-                f"{gr['copy_to_host_then_diff_s']:.3f} s via host"
+                f"{gr['copy_to_host_then_diff_s']:.3f} s via host, in-place patch "
+                f"{gr['patch_in_place_s']:.3f} s"
             )
         print(line, flush=True)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
