@@ -1,0 +1,68 @@
+"""One rank of a 2-process CPU trainer (gloo) that publishes through ShardedPublisher; started by
+test_sharded.py with torchrun. Modes: ``fsdp2`` (fully_shard: every rank holds dim-0 shards) and
+``ddp`` (DistributedDataParallel: every rank holds the whole model). After each optimizer step it
+publishes, and rank 0 saves the gathered full bf16 bits of that version for the test to compare.
+
+Usage: torchrun --standalone --nproc_per_node 2 sharded_worker.py MODE BUCKET OUT STEPS
+"""
+
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from deltasync.bf16 import to_bf16_bits
+from deltasync.publisher import PublisherConfig
+from deltasync.sharded import ShardedPublisher
+
+
+def main() -> None:
+    mode, bucket, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    # rows not divisible by 2 (5, 37): uneven shards; the embedding's rows change sparsely
+    model = nn.Sequential(nn.Embedding(37, 16), nn.Linear(16, 5), nn.Linear(5, 37))
+    if mode == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        params = model
+    else:
+        model = nn.parallel.DistributedDataParallel(model)
+        params = model.module
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cfg = PublisherConfig(
+        anchor_every=3, keep_anchors=100, anchor_replay_fraction=1e9, encode_threads=1
+    )
+    pub = ShardedPublisher(bucket, "sharded", cfg)
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
+    for step in range(steps + 1):
+        if step:
+            x = torch.randint(0, 37, (8, 4), generator=g)
+            loss = nn.functional.cross_entropy(model(x).reshape(-1, 37), x.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        named = list(params.named_parameters())
+        version = pub.publish(named, step=step)
+        full = {}
+        for name, p in named:  # the truth, gathered on every rank (a collective)
+            whole = p.full_tensor() if hasattr(p, "full_tensor") else p
+            full[name] = to_bf16_bits(whole).copy()
+        if rank == 0:
+            np.savez(f"{out}/v{version}.npz", **full)
+        pub.flush()
+    pub.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
