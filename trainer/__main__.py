@@ -18,7 +18,8 @@ def main() -> None:
     # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so that run() stops its child servers.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     summary = run(from_args())
-    print(json.dumps(summary, indent=1))
+    if summary:  # rank 0 (or the only process) has the run's summary
+        print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.status import read_heartbeats
 from deltasync.store import Store
 
-from . import fleet, local_stack, trl_compat
+from . import fleet, local_stack, ranks, trl_compat
 from .bucket_transfer import BucketWeightTransfer
 from .config import TINY, TrainConfig
 from .evaluate import check_context, evaluate
@@ -117,6 +117,9 @@ def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_
         save_strategy="no",
         seed=cfg.seed,
         log_completions=False,
+        # several CPU processes: accelerate's MULTI_CPU (DDP over gloo) needs use_cpu
+        use_cpu=ranks.world() > 1 and not ranks.has_cuda(),
+        ddp_find_unused_parameters=False,  # every parameter takes part in the forward
     )
     n_rows = max(64, cfg.max_steps * cfg.per_device_train_batch_size)
     state = {}
@@ -186,6 +189,10 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             add to the summary.
     """
     trl_compat.apply()
+    if ranks.world() > 1 and ranks.rank() != 0:
+        return ranks.run_other_rank(
+            lambda model_path: build_trainer(cfg, model_path, None, None, None)[0]
+        )
     os.makedirs(cfg.run_dir, exist_ok=True)
     store_uri = cfg.store_uri()
     storage = {"token": cfg.hf_token} if store_uri.startswith("hf://") and cfg.hf_token else {}
@@ -267,6 +274,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             log.info("a full episode fits the replica's context (at most %d tokens)", worst)
             run_eval("before", 0, version)
 
+        ranks.share_model_path(model_path)  # the other ranks build their trainers now
         trainer, transfer, tagger = build_trainer(
             cfg, model_path, publisher, replica_version, first_apply
         )
@@ -296,6 +304,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         summary["fleet"] = pool.snapshot()
         summary["max_request_s"] = round(router.max_request_s, 1)
         summary["trainer_model_digest"] = _model_digest(trainer.model)
+        summary["trainer_processes"] = ranks.world()
         summary["replica_bit_exact"] = _replica_bit_exact(summary)
         if before_stop is not None:
             before_stop(ctx, summary)
