@@ -66,6 +66,23 @@ class ModelFingerprint(_Strict):
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {t.name: tuple(t.shape) for t in self.tensors}
 
+    def check(self, shapes: dict[str, tuple[int, ...]], where: str) -> None:
+        """Raise ModelMismatchError, naming what differs, unless ``shapes`` is this model
+        (``where`` says which run, for the message)."""
+        if self.digest == ModelFingerprint.of(shapes).digest:
+            return
+        from .errors import ModelMismatchError
+
+        want = self.shapes()
+        missing = sorted(set(want) - set(shapes))[:3]
+        extra = sorted(set(shapes) - set(want))[:3]
+        wrong = [(n, want[n], shapes[n]) for n in want if n in shapes and want[n] != shapes[n]]
+        raise ModelMismatchError(
+            f"the tensors differ from {where}: missing {missing}, unexpected {extra}, wrong shape "
+            f"(name, expected, found) {wrong[:3]}; publish the same architecture or start a new "
+            "run elsewhere"
+        )
+
 
 class FileRef(_Strict):
     """A payload file: bucket path relative to the run root, size in bytes, xxh3-64 of its bytes."""

@@ -14,37 +14,24 @@ parts plus the retention deletes already due, then ``manifest.json`` plus the le
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
 
-from . import codec, deltafile
-from .errors import ConcurrentWriterError, ManifestError, ModelMismatchError, StoreNotFoundError
+from . import codec
+from .bucket_writer import PayloadWriter, commit_manifest, read_manifest
+from .errors import ManifestError, ModelMismatchError
 from .lease import LeaseKeeper
 from .manifest import (
-    MANIFEST_PATH,
-    WRITER_PATH,
-    FileRef,
-    Manifest,
     ModelFingerprint,
-    Payload,
     VersionEntry,
-    anchor_dir,
-    delta_dir,
     model_digest,
-    part_name,
-    retained,
 )
 from .snapshot import DIFF_ON, Snapshot, compose_changes
 from .store import Store, open_store
@@ -132,7 +119,7 @@ class DeltaPublisher:
         self.config = config or PublisherConfig()
         self.writer_id = uuid.uuid4().hex[:12]
         self.before_commit: Callable[[VersionEntry], None] | None = None
-        self.manifest = self._read_manifest()
+        self.manifest = read_manifest(self.store)
         if self.manifest and run_id and self.manifest.run_id != run_id:
             raise ManifestError(
                 f"{self.store.uri} holds run {self.manifest.run_id!r}, not {run_id!r}: "
@@ -143,7 +130,10 @@ class DeltaPublisher:
             self.store, self.run_id, self.writer_id, self.config.lease_s, self.config.takeover
         )
         self.lease.acquire()
-        self._remove_orphans()
+        self._payloads = PayloadWriter(
+            self.store, self.run_id, self.config.part_bytes, self.config.encode_threads
+        )
+        self._payloads.remove_orphans(self.manifest)
         latest = self.manifest.latest if self.manifest else None
         self._next_version = latest.version + 1 if latest else 0
         # exponent classes (uint8 per element) of the version the encoder last handled; only the
@@ -159,9 +149,6 @@ class DeltaPublisher:
         self._busy = False
         self._error: BaseException | None = None
         self._closed = False
-        # payload files dropped by a committed manifest, deleted with the next payload batch
-        # (or on close); a crash leaves them as orphans, which the next writer removes
-        self._pending_deletes: list[str] = []
         self._pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-encode")
         self._diff_pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-diff")
         self._snap = Snapshot(self.config.diff_on, self._diff_pool.map)
@@ -266,16 +253,8 @@ class DeltaPublisher:
         if not shapes:
             raise ModelMismatchError("publish() got no tensors; pass model.named_parameters()")
         fp = self._fingerprint or (self.manifest.model if self.manifest else None)
-        if fp is not None and fp.digest != ModelFingerprint.of(shapes).digest:
-            want = fp.shapes()
-            missing = sorted(set(want) - set(shapes))[:3]
-            extra = sorted(set(shapes) - set(want))[:3]
-            wrong = [(n, want[n], shapes[n]) for n in want if n in shapes and want[n] != shapes[n]]
-            raise ModelMismatchError(
-                f"the tensors differ from run {self.run_id!r} in {self.store.uri}: "
-                f"missing {missing}, unexpected {extra}, wrong shape (name, expected, found) "
-                f"{wrong[:3]}; publish the same architecture or start a new run elsewhere"
-            )
+        if fp is not None:
+            fp.check(shapes, f"run {self.run_id!r} in {self.store.uri}")
         return named
 
     def _first(self, named, version, step) -> _Job:
@@ -342,8 +321,9 @@ class DeltaPublisher:
             self._thread.join()
             self._pool.shutdown()
             self._diff_pool.shutdown()
+            self._payloads.close()
             if self._error is None:
-                paths, self._pending_deletes = self._pending_deletes, []
+                paths = self._payloads.take_deletes()
                 self.lease.release(also_delete=paths)
 
     def __enter__(self) -> DeltaPublisher:
@@ -408,16 +388,12 @@ class DeltaPublisher:
             blobs = dict(zip(names, self._pool.map(encode, names), strict=True))
             job.timings["encode_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        tmps: list[str] = []
-        try:  # every payload file of the version staged, then uploaded in one batch
-            delta_paths = self._stage_delta(job, blobs, tmps) if blobs is not None else []
-            anchor_paths = self._stage_anchor(job, tmps) if job.anchor is not None else []
-            refs = self._upload(delta_paths + anchor_paths)
-        finally:
-            for t in tmps:
-                shutil.rmtree(t, ignore_errors=True)
-        delta = Payload(files=refs[: len(delta_paths)]) if blobs is not None else None
-        anchor = Payload(files=refs[len(delta_paths) :]) if anchor_paths else None
+        changed = {n: ch.n_changed for n, ch in job.changes.items()}
+        shapes = self._fingerprint.shapes()
+        delta, anchor = self._payloads.write(
+            job.version, job.base_version, blobs, changed, shapes, job.digests, job.anchor
+        )
+        job.anchor = None  # free the copy
         job.timings["write_upload_s"] = time.perf_counter() - t1
         entry = VersionEntry(
             version=job.version,
@@ -452,139 +428,20 @@ class DeltaPublisher:
             job.timings.get("write_upload_s", 0),
         )  # fmt: skip
 
-    def _stage(self, rel: str, tmps: list[str]) -> str:
-        """Local path to write ``rel`` to: in place on a local store, else in a temp dir
-        (appended to ``tmps``, for the caller to remove)."""
-        local = self.store.local_path(rel)
-        if local is not None:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            return local
-        tmp = tempfile.mkdtemp(prefix="deltasync-")
-        tmps.append(tmp)
-        return os.path.join(tmp, os.path.basename(rel))
-
-    def _upload(self, paths: list[tuple[str, str]]) -> list[FileRef]:
-        """(local, rel) pairs -> FileRefs (digests in parallel). Uploads the files that are not
-        already in place in ONE ``Store.write_many``, which also carries the pending retention
-        deletes (their manifest is committed), so a version's payload costs one batch."""
-
-        def one(lr):
-            local, rel = lr
-            size = os.path.getsize(local)
-            with open(local, "rb") as f:
-                h = xxhash.xxh3_64()
-                for chunk in iter(lambda: f.read(1 << 24), b""):
-                    h.update(chunk)
-            return FileRef(path=rel, bytes=size, digest=h.hexdigest())
-
-        refs = list(self._pool.map(one, paths))
-        remote = [(rel, Path(local)) for local, rel in paths if self.store.local_path(rel) is None]
-        deletes = list(self._pending_deletes)
-        self.store.write_many(remote, delete=deletes)
-        del self._pending_deletes[: len(deletes)]  # kept on failure: orphans for the next writer
-        return refs
-
-    def _stage_delta(self, job: _Job, blobs: dict[str, bytes], tmps: list[str]):
-        """Write the delta parts locally; returns their (local, rel) pairs."""
-        shapes = {n: self._snapshot_shape(n) for n in blobs}
-        groups = deltafile.split_parts(
-            [(n, len(b)) for n, b in blobs.items()], self.config.part_bytes
-        )
-        paths = []
-        for i, names in enumerate(groups):
-            rel = f"{delta_dir(job.version)}/{part_name(i)}"
-            local = self._stage(rel, tmps)
-            deltafile.write_delta_part(
-                local, {n: blobs[n] for n in names}, shapes, job.digests,
-                {n: job.changes[n].n_changed for n in names}, job.version, job.base_version,
-                self.run_id, i, len(groups),
-            )  # fmt: skip
-            paths.append((local, rel))
-        return paths
-
-    def _stage_anchor(self, job: _Job, tmps: list[str]):
-        """Write the anchor parts locally (on a remote store the whole anchor is staged in temp
-        files before the one upload batch); returns their (local, rel) pairs."""
-        names = sorted(job.anchor)
-        groups = deltafile.split_parts(
-            [(n, job.anchor[n].nbytes) for n in names], self.config.part_bytes
-        )
-        paths = []
-        for i, group in enumerate(groups):
-            rel = f"{anchor_dir(job.version)}/{part_name(i)}"
-            local = self._stage(rel, tmps)
-            deltafile.write_anchor_part(
-                local, {n: job.anchor[n] for n in group}, job.digests, job.version,
-                self.run_id, i, len(groups),
-            )  # fmt: skip
-            paths.append((local, rel))
-        job.anchor = None  # free the copy
-        return paths
-
-    def _snapshot_shape(self, name: str) -> tuple[int, ...]:
-        return self._fingerprint.shapes()[name] if self._fingerprint else ()
-
     # ------------------------------------------------------------------------ manifest + lease
-    def _read_manifest(self) -> Manifest | None:
-        try:
-            data = self.store.read_bytes(MANIFEST_PATH)
-        except StoreNotFoundError:
-            return None
-        try:
-            return Manifest.from_json(data)
-        except ValueError as e:
-            raise ManifestError(
-                f"{self.store.uri}/{MANIFEST_PATH} is not a valid deltasync manifest ({e}); "
-                "point the trainer at an empty prefix or repair the file"
-            ) from e
-
     def _commit_manifest(self, entry: VersionEntry) -> None:
-        current = self._read_manifest()
-        if current is not None and current.writer_id != self.writer_id:
-            mine = self.manifest
-            if mine is None or current.updated_at != mine.updated_at:
-                raise ConcurrentWriterError(
-                    f"{self.store.uri}: the manifest was changed by writer {current.writer_id!r} "
-                    f"while this trainer ({self.writer_id}) was publishing; stop one of them"
-                )
-        self.lease.check()
-        versions = list(current.versions) if current else []
-        versions = [v for v in versions if v.version < entry.version] + [entry]
-        kept = retained(versions, self.config.keep_anchors)
-        dropped = [v for v in versions if v not in kept]
-        manifest = Manifest(
-            run_id=self.run_id,
-            writer_id=self.writer_id,
-            model=self._fingerprint,
-            versions=kept,
-            updated_at=time.time(),
+        self.manifest, dropped = commit_manifest(
+            self.store,
+            self.lease,
+            entry,
+            self.manifest,
+            self._fingerprint,
+            self.config.keep_anchors,
         )
-        # one batch: the lease (when due) first, the manifest last (the commit point)
-        renew = self.lease.due
-        items = [(WRITER_PATH, self.lease.record())] if renew else []
-        self.store.write_many(items + [(MANIFEST_PATH, manifest.to_json())])
-        if renew:
-            self.lease.renewed()
-        self.manifest = manifest
         # garbage-collect only after the manifest that drops them is committed: with the next
         # payload batch (no extra request), or on close
         for v in dropped:
             files = (v.delta.files if v.delta else []) + (v.anchor.files if v.anchor else [])
-            self._pending_deletes += [f.path for f in files]
+            self._payloads.pending_deletes += [f.path for f in files]
         if dropped:
             log.info("retention: dropped versions %s", [v.version for v in dropped])
-
-    def _remove_orphans(self) -> None:
-        """Delete payload files no manifest names (left by a writer that died before its
-        manifest commit). Safe: only the lease holder writes payloads."""
-        m = self.manifest
-        named = set()
-        for v in m.versions if m else []:
-            for payload in (v.delta, v.anchor):
-                if payload is not None:
-                    named.update(f.path for f in payload.files)
-        found = [p for p in self.store.ls("") if p.startswith(("anchors/", "deltas/"))]
-        orphans = [p for p in found if p not in named]  # one listing of the whole run
-        if orphans:
-            log.info("removing %d orphaned payload files, e.g. %s", len(orphans), orphans[:3])
-            self.store.rm(orphans)
