@@ -12,8 +12,9 @@ than ``heartbeat_max_age_s`` leaves it. Each member's ``GET /health`` is polled 
 ``draining`` (more than ``max_staleness`` versions behind the trainer: no new requests until it
 catches up), ``down`` (its last health check or request failed), ``gone`` (heartbeat stale).
 
-Policy: least outstanding requests among serving replicas. Episode stickiness (the turns of one
-episode on one replica, for its prefix cache) is not done: TRL's requests carry no episode id.
+Policy: least outstanding requests among serving replicas; the later turns of an episode go to the
+replica of its previous turn (its prefix cache), unless that one fails or is ``STICKY_SLACK``
+requests busier than the least loaded (``trainer.affinity``).
 
 Why not ``vllm-router`` (PyPI 0.1.17, evaluated on 127.0.0.1, see the fleet issue's note): it
 forwards the client's ``Authorization`` but cannot set one per replica, its sticky policies retry
@@ -38,6 +39,7 @@ from deltasync.store import Store
 log = logging.getLogger("trainer.fleet")
 
 AUTO = "auto"
+STICKY_SLACK = 4  # extra requests in flight an episode's replica may have before load wins
 
 
 @dataclass
@@ -244,15 +246,20 @@ class ReplicaPool:
         self._http.close()
 
     # ------------------------------------------------------------------------------- routing
-    def acquire(self, exclude: set[str]) -> Replica | None:
+    def acquire(self, exclude: set[str], prefer: str | None = None) -> Replica | None:
         """The serving replica with the fewest requests in flight (not in ``exclude``), its
-        ``inflight`` counted up; None when there is none."""
+        ``inflight`` counted up; None when there is none. ``prefer`` (an episode's replica)
+        wins while it serves and has at most ``STICKY_SLACK`` more requests in flight than the
+        least loaded."""
         with self.lock:
             ready = [r for r in self.replicas.values()
                      if r.state == "serving" and r.url not in exclude]  # fmt: skip
             if not ready:
                 return None
             r = min(ready, key=lambda x: (x.inflight, x.served))
+            p = self.replicas.get(prefer) if prefer else None
+            if p is not None and p in ready and p.inflight <= r.inflight + STICKY_SLACK:
+                r = p
             r.inflight += 1
             return r
 

@@ -1,6 +1,7 @@
 """The one server TRL's rollout worker talks to: an HTTP proxy on 127.0.0.1 inside the trainer
 process that sends each ``/v1`` request to one replica of a ``trainer.fleet.ReplicaPool`` (the
-serving one with the fewest requests in flight) and, when that replica fails (connection refused
+serving one with the fewest requests in flight; a later turn of an episode goes to the replica of
+its previous turn, see ``trainer.affinity``) and, when that replica fails (connection refused
 or reset, timeout, 503 while it re-anchors), sends the same request to another, so no request is
 lost while any replica serves. With none serving, requests wait (one log line about every 10 s
 naming each replica and its state) and go on when one returns; after ``wait_s`` they get 503 with
@@ -11,12 +12,14 @@ back instead of waited on.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
 
 import httpx
 
+from .affinity import EpisodeAffinity
 from .fleet import ReplicaPool
 
 log = logging.getLogger("trainer.fleet")
@@ -48,6 +51,16 @@ class FleetRouter:
         self._server = None
         self._thread: threading.Thread | None = None
         self.url: str | None = None
+        self.affinity = EpisodeAffinity()
+
+    def _remember_turn(self, prompt: list[int], resp: httpx.Response, url: str) -> None:
+        """After an answer: remember its replica for the episode's next turn."""
+        try:
+            choices = resp.json().get("choices") or []
+        except ValueError:  # not JSON: nothing to remember, the answer goes back as it is
+            return
+        if len(choices) == 1 and isinstance(choices[0].get("token_ids"), list):
+            self.affinity.remember(prompt, choices[0]["token_ids"], url)
 
     def app(self):
         """The ASGI app (Starlette)."""
@@ -78,13 +91,15 @@ class FleetRouter:
         async def proxy(request: Request) -> Response:
             body = await request.body()
             path = request.url.path
+            prompt = _token_prompt(path, body)
+            prefer = self.affinity.replica_for(prompt) if prompt else None
             headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
             t0 = time.monotonic()
             last_log = t0
             tried: set[str] = set()
             answered: httpx.Response | None = None  # a 5xx other than 503 from a live replica
             while True:
-                r = self.pool.acquire(tried)
+                r = self.pool.acquire(tried, prefer)
                 if r is None and answered is not None:
                     # Every serving replica answered this request with a server error: it is
                     # the request, not the fleet. Hand the last answer back instead of waiting.
@@ -124,6 +139,9 @@ class FleetRouter:
                     continue
                 version = resp.headers.get(VERSION_HEADER)
                 self.pool.release(r, None, int(version) if version and version.isdigit() else None)
+                if prompt and resp.status_code == 200:
+                    self._remember_turn(prompt, resp, r.url)
+                    self.affinity.hits += prefer == r.url
                 self.max_request_s = max(self.max_request_s, time.monotonic() - t0)
                 return _response(resp, r.replica_id)
 
@@ -154,6 +172,20 @@ class FleetRouter:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+def _token_prompt(path: str, body: bytes) -> list[int] | None:
+    """The token-id prompt of a ``/v1/completions`` request (what TRL's rollout worker sends),
+    else None."""
+    if path != "/v1/completions" or not body:
+        return None
+    try:
+        prompt = json.loads(body).get("prompt")
+    except (ValueError, AttributeError):  # not a JSON object: the replica answers it
+        return None
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return prompt
+    return None
 
 
 def _response(resp: httpx.Response, replica_id: str | None):

@@ -303,6 +303,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         )
         summary["fleet"] = pool.snapshot()
         summary["max_request_s"] = round(router.max_request_s, 1)
+        summary["sticky_turns"] = router.affinity.hits  # later turns sent to their replica
         summary["trainer_model_digest"] = _model_digest(trainer.model)
         summary["trainer_processes"] = ranks.world()
         summary["replica_bit_exact"] = _replica_bit_exact(summary)

@@ -79,7 +79,12 @@ class FakeReplica:
                     self._send(int(fake.mode), {"error": "fake failure"})
                     return
                 time.sleep(fake.delay_s + fake.per_token_s * int(body.get("max_tokens") or 0))
-                self._send(200, {"choices": [{"text": "ok"}], "echo": body},
+                # token ids of the completion, as vLLM returns them for return_token_ids: a
+                # different sequence for every request, like sampled completions
+                ids = [
+                    (fake.port * 131 + fake.requests * 7919 + 31 * i) % 50_000 for i in range(20)
+                ]
+                self._send(200, {"choices": [{"text": "ok", "token_ids": ids}], "echo": body},
                            {"X-Deltasync-Version": str(fake.version)})  # fmt: skip
 
         self._server = _Server(("127.0.0.1", self.port), Handler)

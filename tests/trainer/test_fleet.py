@@ -180,6 +180,36 @@ def test_per_replica_headers_replace_the_callers_authorization(fleet, replicas):
     assert a.auth == ["Bearer replica-token"]
 
 
+def test_the_turns_of_an_episode_stay_on_their_replica_unless_it_fails(fleet, replicas):
+    """Multi-turn episodes as TRL sends them: every later turn's prompt is the first prompt, the
+    completion so far and a tool reply. Each later turn goes to its first turn's replica (its
+    prefix cache), even where load alone would pick the other; when that replica fails, the
+    episode goes on on the other one."""
+    a, b = replicas(2)
+    _, url = fleet([a.url, b.url])
+    first = list(range(1, 41))  # one GRPO group: every episode starts from the same prompt
+
+    def turn(c, prompt):
+        r = c.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 4})
+        assert r.status_code == 200
+        return prompt + r.json()["choices"][0]["token_ids"] + [7, 7], r.headers[
+            "X-Deltasync-Replica"
+        ]
+
+    with httpx.Client(timeout=30) as c:
+        episodes = [turn(c, first) for _ in range(6)]  # first turns: spread by load
+        assert {rep for _, rep in episodes} == {a.url, b.url}
+        episodes.sort(key=lambda e: e[1])  # all of a's episodes, then b's: load alone would mix
+        for _ in range(3):
+            for i, (prompt, rep) in enumerate(episodes):
+                nxt, got = turn(c, prompt)
+                assert got == rep, f"turn of episode {i} went to {got}, its replica is {rep}"
+                episodes[i] = (nxt, rep)
+        a.mode = "503"  # the replica of half the episodes fails (re-anchoring): they go on on b
+        for prompt, _ in episodes:
+            assert turn(c, prompt)[1] == b.url
+
+
 def test_vllm_url_lists_and_auto():
     assert parse_vllm_urls("https://a, https://b") == (["https://a", "https://b"], False)
     assert parse_vllm_urls("auto") == ([], True)
