@@ -351,7 +351,16 @@ def test_status_shows_each_replicas_url_and_the_routers_counts(tmp_path):
                          held_version=3, inflight=2, served=40, failed=1)]  # fmt: skip
     store.write_bytes(TRAINER_METRICS_PATH,
                       TrainerMetrics(run_id="r", fleet=fleet).model_dump_json().encode())  # fmt: skip
-    status = BucketReader(str(tmp_path / "bucket")).read().frame("status").set_index("replica")
+    reader = BucketReader(str(tmp_path / "bucket"))
+    status = reader.read().frame("status").set_index("replica")
     assert status.loc["a", "url"] == "https://a.hf.space"
     assert (status.loc["a", "fleet_state"], status.loc["a", "served"]) == ("serving", 40)
     assert status.loc["b", "url"] == "" and status.loc["b", "fleet_state"] == ""
+    assert pd.isna(status.loc["a", "served_per_s"])  # one view: no rate yet
+    # the trainer writes its metrics again 20 s later, a having answered 100 more: 5 requests/s
+    t0 = TrainerMetrics.model_validate_json(store.read_bytes(TRAINER_METRICS_PATH)).updated_at
+    fleet[0] = fleet[0].model_copy(update={"served": 140})
+    store.write_bytes(TRAINER_METRICS_PATH, TrainerMetrics(
+        run_id="r", fleet=fleet, updated_at=t0 + 20).model_dump_json().encode())  # fmt: skip
+    status = reader.read().frame("status").set_index("replica")
+    assert status.loc["a", "served"] == 140 and status.loc["a", "served_per_s"] == 5.0

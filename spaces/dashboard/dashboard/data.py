@@ -116,6 +116,8 @@ class BucketReader(FramesFromHistory):
         self._listing: list[str] = []
         self._evals: dict[tuple[str, int], EvalResult] = {}
         self._fleet: dict[str, FleetMember] = {}  # replica id -> the trainer's view of it
+        self._fleet_at: float | None = None  # updated_at of the metrics that view came from
+        self._served_per_s: dict[str, float] = {}  # replica id -> answers/s between two views
         self._reset_history(None)
 
     def next_read_delay_s(self) -> float:
@@ -342,7 +344,16 @@ class BucketReader(FramesFromHistory):
         _trim(self._steps, self.history)
         for ev in metrics.evals:
             self._evals[(ev.label, ev.step)] = ev
+        prev, prev_at = self._fleet, self._fleet_at
         self._fleet = {m.replica_id: m for m in metrics.fleet}
+        if prev_at is not None and metrics.updated_at > prev_at:  # requests/s since the last view
+            dt = metrics.updated_at - prev_at
+            self._served_per_s = {
+                rid: max(0.0, (m.served - prev[rid].served) / dt)
+                for rid, m in self._fleet.items()
+                if rid in prev
+            }
+        self._fleet_at = metrics.updated_at
 
     # ------------------------------------------------------------------------------- frames
 

@@ -54,7 +54,7 @@ COLUMNS: dict[str, list[str]] = {
     # one row per replica heartbeat currently in the bucket
     "status": (
         "replica health status held_version trainer_version lag_versions lag_s heartbeat_age_s "
-        "errors last_error apply_path url fleet_state inflight served failed"
+        "errors last_error apply_path url fleet_state inflight served served_per_s failed"
     ).split(),
 }
 
@@ -179,7 +179,7 @@ class Snapshot:
 class FramesFromHistory:
     """The frame builders of ``dashboard.data.BucketReader``, over the history it keeps
     (``_versions``, ``_syncs``, ``_samples``, ``_steps``, ``_evals``, ``_heartbeats``, ``_fleet``,
-    ``_manifest``, ``stalled_after_s``)."""
+    ``_served_per_s``, ``_manifest``, ``stalled_after_s``)."""
 
     def _frames(self, now: float) -> dict[str, pd.DataFrame]:
         versions = [self._versions[k] for k in sorted(self._versions)]
@@ -319,7 +319,18 @@ class FramesFromHistory:
             health = ", ".join(flags) or quiet
             # the trainer's router: fleet state and requests (none when it does not route here)
             fm = self._fleet.get(rid)
-            fleet = (fm.state, fm.inflight, fm.served, fm.failed) if fm else ("", None, None, None)
+            rate = self._served_per_s.get(rid)
+            fleet = (
+                (
+                    fm.state,
+                    fm.inflight,
+                    fm.served,
+                    None if rate is None else round(rate, 2),
+                    fm.failed,
+                )
+                if fm
+                else ("", None, None, None, None)
+            )
             rows.append((rid, health, hb.status, hb.held_version, trainer_version, lv,
                          round(ls, 1), round(age, 1), hb.errors, hb.last_error or "",
                          hb.apply_path, hb.url or "", *fleet))  # fmt: skip
