@@ -16,7 +16,9 @@ Encoding ``ulp-expclass-rice/1`` (byte layout in docs/PROTOCOL.md):
 
 from __future__ import annotations
 
+import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,12 +139,18 @@ def _corrupt(msg: str) -> DeltaCorruptError:
     return DeltaCorruptError(f"delta blob invalid: {msg}")
 
 
-def decode(blob: bytes | memoryview, base_bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def decode(
+    blob: bytes | memoryview, base_bits: np.ndarray, threads: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Decode a blob against the base it was made from.
 
     Args:
         blob: bytes from :func:`encode`.
         base_bits: np.uint16 bf16 bits of the base tensor (any shape; read flat).
+        threads: split the pass over the base into this many ranges decoded on parallel
+            threads (the result is the same). It costs one more (histogram) pass over the
+            ranges before the last, so it pays only where cores would otherwise idle, e.g. on
+            the one large tensor that finishes last (``DeltaSubscriber`` decides).
 
     Returns:
         (idx int64[M] ascending flat positions, new_bits uint16[M]).
@@ -213,12 +221,59 @@ def decode(blob: bytes | memoryview, base_bits: np.ndarray) -> tuple[np.ndarray,
     ranks = running[1:] - 1 - np.repeat(running[rstart[cls]], n_coded)
     out_idx = np.empty(m, np.int64)
     out_new = np.empty(m, np.uint16)
-    q, ptr, vptr = kernels.locate_apply(
-        base, mode, rstart, rend, ranks, vstart, vend, dkeys, out_idx, out_new
+    chunks = _chunks(n, threads)
+    # where each chunk starts: elements of each class before it, hence the rank and value
+    # cursors and the output slot (a class's ranks ascend, so a binary search finds them)
+    before = np.zeros((len(chunks) + 1, kernels.N_CLASSES), np.int64)
+    counted = _map(lambda se: kernels.class_counts(base, *se), chunks[:-1])
+    if counted:
+        before[1:-1] = np.cumsum(counted, axis=0)
+    before[-1] = np.iinfo(np.int64).max  # past the end: every coded rank is below it
+    ptr = np.repeat(rstart[None, :], len(before), axis=0)
+    for c in cls:
+        ptr[:, c] += np.searchsorted(ranks[rstart[c] : rend[c]], before[:, c])
+    passed = ptr - rstart
+    done = np.where(
+        mode == MODE_CHANGED, passed, np.where(mode == MODE_UNCHANGED, before - passed, 0)
     )
-    if q < 0 or q != m or np.any(ptr != rend) or np.any(vptr != vend):
+    done[-1] = vend - vstart  # at the end every class has given all its values
+    vptr = vstart + done
+    q_at = done.sum(axis=1)
+    if np.any(np.diff(q_at) < 0) or np.any(np.diff(vptr, axis=0) < 0) or q_at[-1] != m:
+        raise _corrupt("positions do not fit the base: ranks beyond their class")
+
+    def run(k):
+        (start, stop) = chunks[k]
+        q, p, v = kernels.locate_apply(base, start, stop, before[k], ptr[k], vptr[k], int(q_at[k]),
+                                       int(q_at[k + 1]), mode, rend, ranks, vptr[k + 1], dkeys,
+                                       out_idx, out_new)  # fmt: skip
+        return q == q_at[k + 1] and np.array_equal(p, ptr[k + 1]) and np.array_equal(v, vptr[k + 1])
+
+    if not all(_map(run, range(len(chunks)))):
         raise _corrupt(
-            f"positions do not fit the base: decoded {q} of {m} changes; "
+            f"positions do not fit the base: {m} changes declared; "
             "the blob was made from another base or is damaged"
         )
     return out_idx, out_new
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _chunks(n: int, threads: int) -> list[tuple[int, int]]:
+    """``threads`` [start, stop) ranges covering n elements (fewer if n is smaller)."""
+    k = max(1, min(threads, n))
+    bounds = np.linspace(0, n, k + 1).astype(np.int64)
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _map(fn, items) -> list:
+    """``fn`` over items: inline for one, else on the module's threads (the kernels release
+    the GIL)."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(os.cpu_count() or 1, "deltasync-decode-chunk")
+    return list(_POOL.map(fn, items))

@@ -277,22 +277,40 @@ def rice_decode(buf, counts, ks):
 
 
 @nb.njit(cache=True, nogil=True)
-def locate_apply(base, mode, rstart, rend, ranks, vstart, vend, dkeys, out_idx, out_new):
-    """The decoder pass over base bits (uint16[n]).
+def class_counts(base, start, stop):
+    """Elements of each exponent class among ``base[start:stop]`` (uint16 bits): int64[256].
+    Four interleaved counters break the store-to-load chain on runs of one class."""
+    c4 = np.zeros((4, N_CLASSES), np.int64)
+    i = start
+    while i + 4 <= stop:
+        c4[0, (base[i] >> 7) & 0xFF] += 1
+        c4[1, (base[i + 1] >> 7) & 0xFF] += 1
+        c4[2, (base[i + 2] >> 7) & 0xFF] += 1
+        c4[3, (base[i + 3] >> 7) & 0xFF] += 1
+        i += 4
+    while i < stop:
+        c4[0, (base[i] >> 7) & 0xFF] += 1
+        i += 1
+    return c4[0] + c4[1] + c4[2] + c4[3]
 
-    For each class c (mode[c]: 0 = no change, 1 = ``ranks[rstart[c]:rend[c]]`` are the changed
-    ranks, 2 = they are the UNCHANGED ranks) finds the changed elements, and for each writes its
-    flat index to out_idx (ascending) and its new bits, ``key^-1(key(base) + dkeys[v])``, to
-    out_new, taking v from ``vstart[c]..vend[c]`` in rank order.
-    Returns (q, ptr, vptr): elements written and the final rank/value cursors per class; q == -1
-    means more changes than out_idx holds, -2 that a class ran out of values.
+
+@nb.njit(cache=True, nogil=True)
+def locate_apply(base, start, stop, counts0, ptr0, vptr0, q, q_end, mode, rend, ranks, vend,
+                 dkeys, out_idx, out_new):  # fmt: skip
+    """The decoder pass over base bits ``base[start:stop]`` (uint16).
+
+    For each class c (mode[c]: 0 = no change, 1 = ``ranks[..rend[c]]`` are the changed ranks,
+    2 = they are the UNCHANGED ranks) finds the changed elements, and for each writes its flat
+    index to out_idx (ascending, from slot ``q`` on, below ``q_end``) and its new bits,
+    ``key^-1(key(base) + dkeys[v])``, to out_new, taking v from ``vptr[c]`` up to ``vend[c]`` in
+    rank order. The cursors at the range's beginning: ``counts0[c]`` elements of class c lie
+    before ``start``, ``ptr0[c]`` is the first of c's coded ranks not below that count,
+    ``vptr0[c]`` its next value.
+    Returns (q, ptr, vptr) after the range; q == -1 means more changes than ``q_end`` allows,
+    -2 that a class ran out of values.
     """
-    counts = np.zeros(N_CLASSES, np.int64)
-    ptr = rstart.copy()
-    vptr = vstart.copy()
-    m = out_idx.shape[0]
-    q = 0
-    for i in range(base.shape[0]):
+    counts, ptr, vptr = counts0.copy(), ptr0.copy(), vptr0.copy()  # local: no aliasing
+    for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: no negative-index checks
         b = base[i]
         c = (b >> 7) & 0xFF
         md = mode[c]
@@ -303,7 +321,7 @@ def locate_apply(base, mode, rstart, rend, ranks, vstart, vend, dkeys, out_idx, 
             if hit:
                 ptr[c] = j + 1
             if hit == (md == 1):
-                if q == m:
+                if q >= q_end:
                     return -1, ptr, vptr
                 v = vptr[c]
                 if v >= vend[c]:

@@ -31,6 +31,7 @@ from .manifest import MANIFEST_PATH, FileRef, Manifest, VersionEntry, model_dige
 from .store import Store, open_store
 
 log = logging.getLogger("deltasync.subscriber")
+SPLIT_MIN = 1 << 25  # elements from which one tensor's decode is split over threads
 
 
 @dataclass
@@ -302,7 +303,7 @@ class DeltaSubscriber:
         def patch(item):  # one tensor per thread: decode, patch the held bits, verify
             name, t = item
             flat = held.tensors[name].reshape(-1)
-            idx, new = codec.decode(t.data, flat)
+            idx, new = codec.decode(t.data, flat, threads=self._split(flat.shape[0]))
             if idx.shape[0] != t.changed:
                 raise DeltaCorruptError(
                     f"{name}: {idx.shape[0]} changes decoded, {t.changed} declared"
@@ -329,6 +330,13 @@ class DeltaSubscriber:
         held.digests = digests
         held.version = step.version
         return [p for p, _ in done]
+
+    def _split(self, n: int) -> int:
+        """Threads for one tensor's decode: a tensor of ``SPLIT_MIN`` elements or more (an
+        embedding, an LM head) is split over a quarter of the decode threads, since it is
+        decoded first and would otherwise finish last while the other threads idle; smaller
+        ones take one thread each (splitting costs an extra pass)."""
+        return max(1, self.decode_threads // 4) if n >= SPLIT_MIN else 1
 
     def _all_or_nothing(self, fn, items, held: HeldWeights) -> list:
         """``fn`` over items on the decode threads; if any raised, undo the others' patches

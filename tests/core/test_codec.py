@@ -182,3 +182,38 @@ def test_oversized_positions_raise():
     blob += zstandard.ZstdCompressor().compress(body)
     with pytest.raises(DeltaCorruptError, match="do not fit"):
         codec.decode(blob, base)
+
+
+def _decode_or_error(blob, base, threads):
+    try:
+        return codec.decode(blob, base, threads=threads)
+    except DeltaCorruptError:
+        return "refused"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(1, 3000),
+    density=st.sampled_from([1e-3, 0.05, 0.6, 1.0]),
+    threads=st.integers(2, 9),
+    flip=st.integers(-1, 10_000),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_tensor_decoded_in_ranges_equals_one_pass(n, density, threads, flip, seed):
+    """The pass over the base split into ranges on threads (large tensors) gives exactly the
+    one-pass result, and refuses exactly the damaged blobs one pass refuses."""
+    rng = np.random.default_rng(seed)
+    base = from_order_key(rng.integers(0x8000 - 300, 0x8000 + 300, n).astype(np.uint16))
+    base[: min(n, len(SPECIALS))] = SPECIALS[: min(n, len(SPECIALS))]
+    new = np.where(rng.random(n) < density, rng.integers(0, 2**16, n), base).astype(np.uint16)
+    blob = bytearray(codec.encode(codec.diff(base, new), base))
+    if flip >= 0:  # a damaged byte somewhere (header, positions or values)
+        blob[flip % len(blob)] ^= 1 + flip % 255
+    one, split = (
+        _decode_or_error(bytes(blob), base, 1),
+        _decode_or_error(bytes(blob), base, threads),
+    )
+    if isinstance(one, str) or isinstance(split, str):
+        assert one == split
+    else:
+        assert np.array_equal(one[0], split[0]) and np.array_equal(one[1], split[1])
