@@ -75,12 +75,26 @@ class Patch:
         shape: the full tensor's shape.
         indices: int64[M] flat (row-major) positions, ascending.
         values: uint16[M] new bf16 bits (absolute values, not differences).
+        old_values: uint16[M] the bits they replace (the base's), or None.
     """
 
     name: str
     shape: tuple[int, ...]
     indices: np.ndarray
     values: np.ndarray
+    old_values: np.ndarray | None = None
+
+    def sum_delta(self) -> int:
+        """How much the patch changes the sum of the tensor's bits read as int16 (exact int):
+        a checksum the receiver can compare in any layout (``rollout.apply``).
+
+        Raises:
+            ValueError: the patch has no ``old_values``.
+        """
+        if self.old_values is None:
+            raise ValueError(f"{self.name}: a patch without old_values has no sum delta")
+        new = self.values.view(np.int16).astype(np.int64).sum()
+        return int(new - self.old_values.view(np.int16).astype(np.int64).sum())
 
     def values_torch(self):
         """``values`` as a torch.bfloat16 tensor (imports torch)."""
@@ -317,7 +331,7 @@ class DeltaSubscriber:
                     f"v{step.version} {name}: result digest {got} != published {t.digest}; "
                     "the held base differs from the publisher's or the file is damaged"
                 )
-            return Patch(name, t.shape, idx, new), old
+            return Patch(name, t.shape, idx, new, old), old
 
         done = self._all_or_nothing(patch, list(fetched.tensors.items()), held)
         digests = dict(held.digests)
@@ -410,15 +424,19 @@ class DeltaSubscriber:
 
 def merge_patches(held: HeldWeights, steps: list[list[Patch]]) -> list[Patch]:
     """Fold patches of consecutive delta steps into one patch per tensor (the union of positions,
-    values taken from ``held``, which must already be at the last step's version)."""
+    values taken from ``held``, which must already be at the last step's version; old values
+    from the first step that touched each position, where every patch has them)."""
     by_name: dict[str, list[Patch]] = {}
     for patches in steps:
         for p in patches:
             by_name.setdefault(p.name, []).append(p)
     out = []
     for name, ps in by_name.items():
-        idx = np.unique(np.concatenate([p.indices for p in ps]))
-        out.append(Patch(name, ps[0].shape, idx, held.tensors[name].reshape(-1)[idx].copy()))
+        idx, first = np.unique(np.concatenate([p.indices for p in ps]), return_index=True)
+        old = None
+        if all(p.old_values is not None for p in ps):
+            old = np.concatenate([p.old_values for p in ps])[first]
+        out.append(Patch(name, ps[0].shape, idx, held.tensors[name].reshape(-1)[idx].copy(), old))
     return out
 
 

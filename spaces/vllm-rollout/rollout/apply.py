@@ -6,7 +6,8 @@
   repacking included); a tied lm_head is refreshed afterwards. Works on every device.
 - ``in-place``: sparse (index, value) patches in checkpoint coordinates through vLLM's
   ``load_checkpoint_weight_patches`` (fused/TP slicing by the model's own loaders, no copy of the
-  model kept). Unquantized bf16 models on GPU only.
+  model kept), then, with one worker, every touched parameter's bit sum checked on the device
+  (``checked_patch``). Unquantized bf16 models on GPU only.
 
 Neither path is transactional inside vLLM: when one raises, the caller (the sync loop) keeps
 generation paused and reloads every tensor from its verified copy before resuming.
@@ -34,6 +35,53 @@ _PARTIAL_RELOAD_NOISE = ("Failed to load weights", "Following weights were not l
 
 class StageFileError(ValueError):
     """A staging file is not one this extension wrote, or misses shards of a fused parameter."""
+
+
+class InPlaceCheckError(RuntimeError):
+    """After an in-place apply, a parameter's bit sum moved by another amount than the patches
+    say: vLLM wrote some values elsewhere (e.g. a non-contiguous layout, vLLM #57130). The
+    weights are unknown; the sync loop reloads every tensor from its verified copy."""
+
+
+def bit_sums(model: torch.nn.Module, names) -> dict[str, int]:
+    """{parameter name: sum of its bits read as int16, exact}, computed on the parameter's
+    device (one reduction per parameter; any layout, contiguous or not). Names the model does
+    not have are left out."""
+    params = dict(model.named_parameters())
+    return {
+        n: int(params[n].detach().view(torch.int16).sum(dtype=torch.int64))
+        for n in names
+        if n in params
+    }
+
+
+def checked_patch(model: torch.nn.Module, sum_deltas: dict[str, int], patch) -> int:
+    """Run ``patch()`` (the in-place apply) and check, on the device, that every parameter's
+    int16 bit sum moved by ``sum_deltas[name]`` (``rollout.plan.sum_deltas``). A checksum, not a
+    digest: it catches values written to the wrong place or not at all, unless the errors cancel
+    (a write to the wrong place is invisible only where it lands on another changed element
+    with the same old value; where every element of a parameter changes, a permutation is).
+
+    Returns:
+        The number of parameters checked (names the model lacks are not: they are logged).
+
+    Raises:
+        InPlaceCheckError: a parameter moved by another amount.
+    """
+    before = bit_sums(model, sum_deltas)
+    missing = sorted(set(sum_deltas) - set(before))
+    if missing:
+        log.warning("in-place check: the model has no parameters %s; not checked", missing[:3])
+    patch()
+    after = bit_sums(model, before)
+    wrong = [(n, sum_deltas[n], after[n] - before[n]) for n in before
+             if after[n] - before[n] != sum_deltas[n]]  # fmt: skip
+    if wrong:
+        raise InPlaceCheckError(
+            f"in-place apply changed {len(wrong)} parameters' bit sums by other amounts than the "
+            f"patches (name, expected, found): {wrong[:3]}; reloading from the verified copy"
+        )
+    return len(before)
 
 
 def describe(worker: Any) -> dict:
@@ -157,11 +205,15 @@ def apply_reload(worker: Any, path: str) -> dict:
 def apply_in_place(worker: Any, path: str) -> dict:
     """Apply the sparse patches of a staging file with ``load_checkpoint_weight_patches``.
 
+    With one worker (no tensor parallelism) every touched parameter's bit sum is checked on the
+    device afterwards against the staged ``sum_deltas`` (:func:`checked_patch`).
+
     Returns:
-        {"version", "tensors", "elements", "read_s", "patch_s"}.
+        {"version", "tensors", "checked", "elements", "read_s", "patch_s"}.
 
     Raises:
         StageFileError: not a sparse staging file.
+        InPlaceCheckError: the check failed (the weights are then unknown).
         ValueError: from vLLM, for NaN values or out-of-range/duplicate indices (raised before
             anything is written).
     """
@@ -191,12 +243,19 @@ def apply_in_place(worker: Any, path: str) -> dict:
         )
     t1 = time.perf_counter()
     model = worker.model_runner.get_model()
-    load_checkpoint_weight_patches(model, patches)
+    sums = json.loads(meta.get("sum_deltas") or "{}")
+    tp = getattr(getattr(worker.vllm_config, "parallel_config", None), "tensor_parallel_size", 1)
+    if tp == 1 and sums:  # a rank of a TP group holds slices: its sums are not the whole's
+        checked = checked_patch(model, sums, lambda: load_checkpoint_weight_patches(model, patches))
+    else:
+        load_checkpoint_weight_patches(model, patches)
+        checked = 0
     if device != "cpu" and torch.cuda.is_available():
         torch.cuda.synchronize()
     return {
         "version": int(meta["version"]),
         "tensors": len(patches),
+        "checked": checked,
         "elements": elements,
         "read_s": t1 - t0,
         "patch_s": time.perf_counter() - t1,

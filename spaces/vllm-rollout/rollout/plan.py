@@ -122,6 +122,23 @@ def module_key(name: str, packed: Mapping[str, list[str]] | None = None) -> str:
     return module
 
 
+def param_name(name: str, packed: Mapping[str, list[str]] | None = None) -> str:
+    """The vLLM parameter a checkpoint tensor lands in: ``a.q_proj.weight`` -> ``a.qkv_proj.weight``."""
+    return f"{module_key(name, packed)}.{name.rpartition('.')[2]}"
+
+
+def sum_deltas(patches: Iterable, packed: Mapping[str, list[str]] | None = None) -> dict[str, int]:
+    """{vLLM parameter: how much the patches change the sum of its bits read as int16}, from
+    checkpoint-coordinate patches with old values (``deltasync.subscriber.Patch.sum_delta``). The
+    sum does not depend on where vLLM puts each element (fused shards, transposes, padding), so
+    the worker can check an in-place apply against it on the device."""
+    out: dict[str, int] = {}
+    for p in patches:
+        key = param_name(p.name, packed)
+        out[key] = out.get(key, 0) + p.sum_delta()
+    return out
+
+
 def reload_groups(
     names: Iterable[str], packed: Mapping[str, list[str]] | None = None
 ) -> dict[str, list[str]]:

@@ -9,7 +9,8 @@ extension through ``/collective_rpc`` (which carries strings only). Two kinds:
   absolute new values) (the in-place path); the full shapes are in the metadata.
 
 Metadata (str -> str): ``format`` = ``deltasync-stage/1``, ``kind``, ``version``, ``shapes`` (JSON
-{name: shape}) and ``refresh_lm_head`` ("0"/"1"). numpy + safetensors only; no torch.
+{name: shape}), ``refresh_lm_head`` ("0"/"1") and, for ``sparse``, ``sum_deltas`` (JSON {vLLM
+parameter: expected change of its int16 bit sum}). numpy + safetensors only; no torch.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def write_stage(
     dense: dict[str, np.ndarray] | None = None,
     sparse: dict[str, tuple[tuple[int, ...], np.ndarray, np.ndarray]] | None = None,
     refresh_lm_head: bool = False,
+    sum_deltas: dict[str, int] | None = None,
 ) -> int:
     """Write a staging file atomically (temp file + rename). Returns its size in bytes.
 
@@ -46,6 +48,8 @@ def write_stage(
         sparse: {name: (full shape, int64[M] flat indices, np.uint16[M] bf16 bits)} for
             ``kind="sparse"``.
         refresh_lm_head: ask the worker to refresh a tied lm_head after loading.
+        sum_deltas: for ``sparse``, {vLLM parameter: expected change of its int16 bit sum}
+            (``rollout.plan.sum_deltas``), checked by the worker after the in-place apply.
 
     Raises:
         ValueError: ``kind`` does not match the data given.
@@ -76,6 +80,8 @@ def write_stage(
         "shapes": json.dumps(shapes, separators=(",", ":")),
         "refresh_lm_head": "1" if refresh_lm_head else "0",
     }
+    if sum_deltas is not None:
+        meta["sum_deltas"] = json.dumps(sum_deltas, separators=(",", ":"))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     serialize_file(specs, tmp, metadata=meta)

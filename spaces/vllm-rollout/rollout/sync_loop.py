@@ -59,7 +59,7 @@ from deltasync.subscriber import (
 )
 
 from .engine import EngineControlError
-from .plan import ModelInfo, choose_apply_path, plan_reload
+from .plan import ModelInfo, choose_apply_path, plan_reload, sum_deltas
 from .stage import default_stage_dir, write_stage
 
 log = logging.getLogger("rollout.sync")
@@ -375,7 +375,8 @@ class SyncLoop:
             merged = merge_patches(self.held, [ps for _, ps in done])
             if not any(_is_nan_bits(p.values) for p in merged):  # NaN is vLLM's "unchanged" mark
                 sparse = {p.name: (p.shape, p.indices, p.values) for p in merged}
-                write_stage(path, "sparse", version, sparse=sparse)
+                sums = sum_deltas(merged, self.info.packed_modules_mapping)
+                write_stage(path, "sparse", version, sparse=sparse, sum_deltas=sums)
                 return path, "in-place", len(sparse)
         rp = plan_reload(
             touched, names, self.info.packed_modules_mapping, self.info.tie_word_embeddings
