@@ -33,7 +33,7 @@ def bits(t: torch.Tensor) -> np.ndarray:
 class Served(torch.nn.Module):
     """The served model's parameters in vLLM's layout."""
 
-    def __init__(self, ckpt: dict[str, np.ndarray]):
+    def __init__(self, ckpt: dict[str, np.ndarray], device: str = "cpu"):
         super().__init__()
 
         def t(name):
@@ -42,10 +42,14 @@ class Served(torch.nn.Module):
         qkv = torch.cat([t(P + f"self_attn.{x}_proj.weight") for x in "qkv"])
         down = t(P + "mlp.down_proj.weight").t().contiguous().t()  # same values, strides (1, 16)
         self.params = {
-            P + "self_attn.qkv_proj.weight": torch.nn.Parameter(qkv, requires_grad=False),
-            P + "mlp.down_proj.weight": torch.nn.Parameter(down, requires_grad=False),
-            "model.norm.weight": torch.nn.Parameter(t("model.norm.weight"), requires_grad=False),
+            P + "self_attn.qkv_proj.weight": qkv,
+            P + "mlp.down_proj.weight": down,
+            "model.norm.weight": t("model.norm.weight"),
         }
+        for n, x in self.params.items():  # moved keeping the strides (to() would keep them too)
+            y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device)
+            y.copy_(x)
+            self.params[n] = torch.nn.Parameter(y, requires_grad=False)
         for i, p in enumerate(self.params.values()):
             self.register_parameter(f"p{i}", p)
 
@@ -64,15 +68,16 @@ def scatter(model: Served, patches, honour_strides=True, drop=0) -> None:
         leaf = p.name.split(".")[-2]
         if leaf in ("q_proj", "k_proj", "v_proj"):
             r = r + offsets[leaf[0]]
-        vals = torch.from_numpy(p.values.view(np.int16).copy()).view(torch.bfloat16)
+        dev = target.device
+        vals = torch.from_numpy(p.values.view(np.int16).copy()).view(torch.bfloat16).to(dev)
         n = len(p.indices) - drop
+        r, c = torch.from_numpy(r[:n]).to(dev), torch.from_numpy(c[:n]).to(dev)
         if target.dim() == 1:
-            target[torch.from_numpy(c[:n])] = vals[:n]
+            target[c] = vals[:n]
         elif honour_strides:
-            target[torch.from_numpy(r[:n]), torch.from_numpy(c[:n])] = vals[:n]
+            target[r, c] = vals[:n]
         else:  # flat positions into the storage, strides ignored
-            flat = torch.from_numpy(r[:n] * target.shape[1] + c[:n])
-            target.as_strided((target.numel(),), (1,))[flat] = vals[:n]
+            target.as_strided((target.numel(),), (1,))[r * target.shape[1] + c] = vals[:n]
 
 
 @pytest.fixture
@@ -104,24 +109,40 @@ def test_merged_patches_carry_the_bits_they_replace(chain):
         assert np.array_equal(p.values, held.tensors[p.name].reshape(-1)[p.indices])
 
 
-def test_a_faithful_in_place_apply_passes_the_check(chain):
+def check_faithful(chain, device):
     start, held, merged = chain
-    model = Served(start)
+    model = Served(start, device)
     sums = sum_deltas(merged, DEFAULT_PACKED_MODULES)
     assert set(sums) == set(model.params)
     checked = checked_patch(model, sums, lambda: scatter(model, merged))
     assert checked == 3
-    want = Served(held.tensors)  # the served model now holds the new version exactly
+    want = Served(held.tensors, device)  # the served model now holds the new version exactly
     assert all(torch.equal(model.params[n], want.params[n]) for n in model.params)
     assert bit_sums(model, ["nope"]) == {}
 
 
-@pytest.mark.parametrize("fault", ["strides ignored", "values dropped"])
-def test_a_wrong_in_place_apply_is_caught(chain, fault):
+def check_caught(chain, device, fault):
     start, _, merged = chain
-    model = Served(start)
+    model = Served(start, device)
     assert not model.params[P + "mlp.down_proj.weight"].is_contiguous()
     sums = sum_deltas(merged, DEFAULT_PACKED_MODULES)
     bad = {"strides ignored": {"honour_strides": False}, "values dropped": {"drop": 1}}[fault]
     with pytest.raises(InPlaceCheckError, match="bit sums"):
         checked_patch(model, sums, lambda: scatter(model, merged, **bad))
+
+
+def test_a_faithful_in_place_apply_passes_the_check(chain):
+    check_faithful(chain, "cpu")
+
+
+@pytest.mark.parametrize("fault", ["strides ignored", "values dropped"])
+def test_a_wrong_in_place_apply_is_caught(chain, fault):
+    check_caught(chain, "cpu", fault)
+
+
+@pytest.mark.gpu
+def test_the_check_on_cuda(chain):
+    """The same sums computed on the GPU, where the in-place path runs."""
+    check_faithful(chain, "cuda")
+    for fault in ("strides ignored", "values dropped"):
+        check_caught(chain, "cuda", fault)
