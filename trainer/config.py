@@ -72,6 +72,10 @@ class TrainConfig:
         weight_sync_steps: optimizer steps between publishes.
         anchor_every: versions between full anchors in the bucket.
         keep_anchors: retention: anchors (and the deltas after them) kept in the bucket.
+        diff_on: where the publisher diffs (``deltasync.publisher.PublisherConfig.diff_on``):
+            ``auto`` on the device that holds the weights (a GPU keeps one bf16 copy of the model
+            for it), ``host`` (no GPU memory; under FSDP2, rank 0 is handed whole tensors, so a
+            large model may not fit a second copy on its GPU), ``device``.
         bf16: train with bf16 autocast (GPU); the CPU default trains in fp32 and publishes bf16.
         output_dir: TRL's output folder.
         dashboard: start the Gradio dashboard for the local run (port ``dashboard_port``).
@@ -111,6 +115,7 @@ class TrainConfig:
     weight_sync_steps: int = 1
     anchor_every: int = 10
     keep_anchors: int = 2
+    diff_on: str = "auto"
     bf16: bool = False
     output_dir: str | None = None
     dashboard: bool = True

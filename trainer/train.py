@@ -215,7 +215,10 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             store,
             run_id=cfg.run_id,
             config=PublisherConfig(
-                anchor_every=cfg.anchor_every, keep_anchors=cfg.keep_anchors, takeover=cfg.takeover
+                anchor_every=cfg.anchor_every,
+                keep_anchors=cfg.keep_anchors,
+                takeover=cfg.takeover,
+                diff_on=cfg.diff_on,
             ),
         )
         fixed_urls, discover = fleet.parse_vllm_urls(cfg.vllm_url)
