@@ -1,5 +1,8 @@
-"""Episode stickiness: the turns of one multi-turn episode go to the replica that served its last
-turn, whose prefix cache holds the episode's tokens so far.
+"""Episode stickiness and per-sample versions, from the token prefixes of TRL's requests.
+
+The turns of one multi-turn episode go to the replica that served its last turn, whose prefix
+cache holds the episode's tokens so far; and a finished sample is tagged with the oldest bucket
+version that generated any of its turns (each answer's ``X-Deltasync-Version``).
 
 TRL's requests carry no episode id, but its multi-turn prompts are prefix-preserving token lists:
 a turn's prompt is the previous turn's prompt, that turn's completion, then the tool's reply. So
@@ -7,7 +10,9 @@ after each answer the router remembers ``(length, hash)`` of ``prompt + completi
 replica that answered, and for a new request it hashes every prefix of its prompt once (a
 polynomial rolling hash) and looks up each remembered length, longest first. Episodes of a GRPO
 group share their first prompt and are told apart by their completions. Entries are forgotten
-oldest first beyond ``max_entries``; a miss routes by load as usual.
+oldest first beyond ``max_entries``; a miss routes by load as usual. A sample's token ids
+(prompt and every turn) start with each of its turns' ``prompt + completion``, so the same
+lookup finds the versions of all its turns.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ class EpisodeAffinity:
 
     def __init__(self, max_entries: int = 50_000):
         self.max_entries = max_entries
-        self._replica: OrderedDict[tuple[int, int], str] = OrderedDict()  # (length, hash) -> url
+        # (length, hash) -> (replica url, bucket version that answered, or None)
+        self._replica: OrderedDict[tuple[int, int], tuple[str, int | None]] = OrderedDict()
         self._lengths: Counter[int] = Counter()  # remembered sequence lengths, with counts
         self._lock = threading.Lock()
         self.hits = 0  # requests the router sent to their episode's replica
@@ -51,20 +57,35 @@ class EpisodeAffinity:
         h = prefix_hashes(prompt[: lengths[0]])
         with self._lock:
             for n in lengths:
-                url = self._replica.get((n, h[n]))
-                if url is not None:
-                    return url
+                hit = self._replica.get((n, h[n]))
+                if hit is not None:
+                    return hit[0]
         return None
 
-    def remember(self, prompt: list[int], completion: list[int], url: str) -> None:
-        """Record an answer: ``prompt`` and ``completion`` token ids and the replica that gave
-        it; the episode's next turn will start with both."""
+    def versions_of(self, tokens: list[int]) -> list[int]:
+        """The bucket versions that answered the turns ``tokens`` holds (a finished sample's
+        token ids: every turn's prompt + completion is a prefix of them); [] when none is
+        remembered."""
+        with self._lock:
+            lengths = [n for n in self._lengths if n <= len(tokens)]
+        if not lengths:
+            return []
+        h = prefix_hashes(tokens[: max(lengths)])
+        with self._lock:
+            hits = [self._replica.get((n, h[n])) for n in lengths]
+        return [v for _, v in filter(None, hits) if v is not None]
+
+    def remember(
+        self, prompt: list[int], completion: list[int], url: str, version: int | None = None
+    ) -> None:
+        """Record an answer: ``prompt`` and ``completion`` token ids, the replica that gave it
+        and the bucket version it reported; the episode's next turn will start with both."""
         seq = prompt + completion
         key = (len(seq), prefix_hashes(seq)[-1])
         with self._lock:
             if key not in self._replica:
                 self._lengths[key[0]] += 1
-            self._replica[key] = url
+            self._replica[key] = (url, version)
             self._replica.move_to_end(key)
             while len(self._replica) > self.max_entries:
                 (n, _), _ = self._replica.popitem(last=False)

@@ -1,12 +1,14 @@
-"""Truthful staleness: tag rollouts with the policy version the replica really serves.
+"""Truthful staleness: tag rollouts with the policy version that really generated them.
 
 TRL's rollout worker stamps each new rollout group with the version the TRAINER last synced. With
 pull-based replicas the server may still serve an older version after a publish, so that stamp
-overstates freshness. :class:`ReplicaVersionTagger` wraps TRL's worker and, instead, stamps the
-version the replica reports (``GET /health`` -> ``held_version``), translated to TRL's numbering;
-TRL's ``max_staleness`` then drops rollouts by their true age. It also keeps the staleness
-histogram of every rollout the trainer took from the queue; those above ``max_staleness`` are the
-ones TRL dropped.
+overstates freshness. :class:`ReplicaVersionTagger` wraps TRL's worker and, instead, stamps new
+groups with the oldest version the fleet serves (``replica_version_fn``), and then, as the trainer
+takes each sample from the queue, re-stamps it with the oldest version that answered any of its
+turns (``sample_versions_fn``: the router's record of each answer's ``X-Deltasync-Version``),
+translated to TRL's numbering; TRL's ``max_staleness`` then drops samples by their true age. It
+also keeps the staleness histogram of every sample the trainer took from the queue; those above
+``max_staleness`` are the ones TRL dropped.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class _CountingQueue:
 
     def get(self, *args, **kwargs):
         sample = self._inner.get(*args, **kwargs)
+        self._tagger.retag(sample)
         self._tagger.record(sample.model_version)
         return sample
 
@@ -45,6 +48,8 @@ class ReplicaVersionTagger:
         replica_version_fn: returns the bucket version the replica serves, or None.
         poll_s: seconds between replica polls.
         max_staleness: TRL's setting; consumed samples staler than this are the dropped ones.
+        sample_versions_fn: a sample's token ids -> the bucket versions that answered its turns
+            (``trainer.affinity.EpisodeAffinity.versions_of``), or None: group tags stand.
     """
 
     def __init__(
@@ -54,8 +59,11 @@ class ReplicaVersionTagger:
         replica_version_fn: Callable[[], int | None],
         poll_s: float = 0.25,
         max_staleness: int | None = None,
+        sample_versions_fn: Callable[[list[int]], list[int]] | None = None,
     ):
         self.max_staleness = max_staleness
+        self._sample_versions_fn = sample_versions_fn
+        self.per_sample_tags = 0  # samples re-stamped from their own answers' versions
         self.inner = inner
         self.metrics_queue = inner.metrics_queue
         self.rollout_buffer = _CountingQueue(inner.rollout_buffer, self)
@@ -111,6 +119,16 @@ class ReplicaVersionTagger:
     def left_in_queue(self) -> int:
         """Scored samples still waiting in the rollout queue (approximate, as ``qsize`` is)."""
         return self.rollout_buffer.qsize()
+
+    def retag(self, sample) -> None:
+        """Stamp a sample with the TRL version of the oldest bucket version that answered any of
+        its turns, where the router remembers them (else its group's stamp stands)."""
+        if self._sample_versions_fn is None:
+            return
+        versions = self._sample_versions_fn([int(t) for t in sample.input_ids])
+        if versions:
+            sample.model_version = self.tag_for(min(versions))
+            self.per_sample_tags += 1
 
     def record(self, sample_version: int) -> None:
         self.staleness[max(0, self.trl_version - int(sample_version))] += 1

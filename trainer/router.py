@@ -53,14 +53,16 @@ class FleetRouter:
         self.url: str | None = None
         self.affinity = EpisodeAffinity()
 
-    def _remember_turn(self, prompt: list[int], resp: httpx.Response, url: str) -> None:
-        """After an answer: remember its replica for the episode's next turn."""
+    def _remember_turn(self, prompt: list[int], resp: httpx.Response, url: str,
+                       version: int | None) -> None:  # fmt: skip
+        """After an answer: remember its replica (for the episode's next turn) and the version
+        that generated it (for the sample's staleness)."""
         try:
             choices = resp.json().get("choices") or []
         except ValueError:  # not JSON: nothing to remember, the answer goes back as it is
             return
         if len(choices) == 1 and isinstance(choices[0].get("token_ids"), list):
-            self.affinity.remember(prompt, choices[0]["token_ids"], url)
+            self.affinity.remember(prompt, choices[0]["token_ids"], url, version)
 
     def app(self):
         """The ASGI app (Starlette)."""
@@ -137,10 +139,11 @@ class FleetRouter:
                     self.pool.release(r, None, count_failure=True)
                     answered = resp
                     continue
-                version = resp.headers.get(VERSION_HEADER)
-                self.pool.release(r, None, int(version) if version and version.isdigit() else None)
+                header = resp.headers.get(VERSION_HEADER)
+                version = int(header) if header and header.isdigit() else None
+                self.pool.release(r, None, version)
                 if prompt and resp.status_code == 200:
-                    self._remember_turn(prompt, resp, r.url)
+                    self._remember_turn(prompt, resp, r.url, version)
                     self.affinity.hits += prefer == r.url
                 self.max_request_s = max(self.max_request_s, time.monotonic() - t0)
                 return _response(resp, r.replica_id)

@@ -83,11 +83,14 @@ def _write_checkpoint(src: str, held, dst: str) -> None:
     save_file({n: t.contiguous() for n, t in held.to_torch().items()}, f"{dst}/model.safetensors")
 
 
-def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_fn, on_first_apply):
+def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_fn, on_first_apply,
+                  sample_versions_fn=None):  # fmt: skip
     """AsyncGRPOTrainer with the bucket weight transfer and truthful staleness tagging.
 
     ``on_first_apply(version)`` runs once the replica serves the first published version and
     before TRL's rollout worker starts (the evaluation "before" uses it).
+    ``sample_versions_fn(token_ids)``: the versions that answered a sample's turns (the router's
+    ``EpisodeAffinity.versions_of``), for per-sample staleness.
     """
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
@@ -145,6 +148,7 @@ def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_
             lambda: transfer.last_version,
             replica_version_fn,
             max_staleness=cfg.max_staleness,
+            sample_versions_fn=sample_versions_fn,
         ),
     )
     return trainer, transfer, tagger
@@ -279,7 +283,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
 
         ranks.share_model_path(model_path)  # the other ranks build their trainers now
         trainer, transfer, tagger = build_trainer(
-            cfg, model_path, publisher, replica_version, first_apply
+            cfg, model_path, publisher, replica_version, first_apply, router.affinity.versions_of
         )
         metrics_cb.tagger = tagger
         metrics_cb.fleet = pool.snapshot
@@ -307,6 +311,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         summary["fleet"] = pool.snapshot()
         summary["max_request_s"] = round(router.max_request_s, 1)
         summary["sticky_turns"] = router.affinity.hits  # later turns sent to their replica
+        summary["per_sample_tags"] = tagger.per_sample_tags if tagger else 0
         summary["trainer_model_digest"] = _model_digest(trainer.model)
         summary["trainer_processes"] = ranks.world()
         summary["replica_bit_exact"] = _replica_bit_exact(summary)

@@ -216,3 +216,56 @@ def test_vllm_url_lists_and_auto():
     assert parse_vllm_urls("auto,http://127.0.0.1:9") == (["http://127.0.0.1:9"], True)
     with pytest.raises(ValueError, match="VLLM_URL entry"):
         ReplicaPool(["not a url"])
+
+
+def test_each_sample_is_tagged_with_the_oldest_version_that_answered_it(replicas):
+    """Per-sample staleness: the trainer re-stamps each sample it takes from TRL's queue with the
+    oldest bucket version that answered one of its turns (each answer's X-Deltasync-Version, as
+    the router saw it), not with a fleet-wide guess made when its group started."""
+    import queue
+    from types import SimpleNamespace
+
+    from trainer.rollout_tagging import ReplicaVersionTagger
+
+    old, new = replicas(1, version=3)[0], replicas(1, version=5)[0]
+    pool = ReplicaPool([old.url, new.url], health_interval_s=0.2).start()
+    router = FleetRouter(pool, wait_s=30.0, request_timeout_s=10.0)
+    url = router.start(free_port())
+    inner = SimpleNamespace(rollout_buffer=queue.Queue(), metrics_queue=queue.Queue(),
+                            update_model_version=lambda v: None)  # fmt: skip
+    published = {"v": None}
+    tagger = ReplicaVersionTagger(inner, lambda: published["v"], lambda: None, poll_s=3600,
+                                  sample_versions_fn=router.affinity.versions_of)  # fmt: skip
+    for trl, bucket in ((1, 3), (2, 4), (3, 5)):  # TRL versions 1..3 are bucket v3..v5
+        published["v"] = bucket
+        tagger.update_model_version(trl)
+    try:
+        with httpx.Client(timeout=30) as c:
+
+            def episode(first, turns, fail_after=None):
+                """Play ``turns`` turns; the replica of the first fails after ``fail_after``."""
+                prompt, used = list(first), None
+                for t in range(turns):
+                    if t == fail_after:
+                        {old.url: old, new.url: new}[used].mode = "503"
+                    r = c.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 4})
+                    used = used or r.headers["X-Deltasync-Replica"]
+                    prompt = prompt + r.json()["choices"][0]["token_ids"] + [7, 7]
+                return prompt[:-2], used  # the sample's tokens: prompts and completions
+
+            samples = [episode(range(1, 30), 3) for _ in range(2)]  # one on each replica
+            by = {used: tokens for tokens, used in samples}
+            assert set(by) == {old.url, new.url}
+            moved, first_on = episode(range(40, 70), 3, fail_after=1)  # turn 2 onwards elsewhere
+    finally:
+        router.stop()
+        pool.stop()
+    stale_group_tag = 0
+    cases = [(by[old.url], 1), (by[new.url], 3), (list(range(500, 540)), stale_group_tag)]
+    assert first_on == old.url  # a tie goes to the first replica listed
+    cases.append((moved, 1))  # began on v3, finished on v5: as old as its oldest turn
+    for tokens, _ in cases:
+        inner.rollout_buffer.put(SimpleNamespace(input_ids=tokens, model_version=stale_group_tag))
+    got = [tagger.rollout_buffer.get(timeout=1).model_version for _ in cases]
+    assert got == [want for _, want in cases]
+    assert tagger.per_sample_tags == len(cases) - 1  # the unknown sample keeps its group's tag
