@@ -135,6 +135,24 @@ def test_a_faithful_in_place_apply_passes_the_check(chain):
     check_faithful(chain, "cpu")
 
 
+def test_sums_kept_from_the_last_apply_stand_in_for_before(chain):
+    """With the cache of the last apply's sums, the paused window computes one pass; a change
+    to the weights outside the applies (nothing should make one) fails the next check."""
+    start, held, merged = chain
+    model = Served(start)
+    cache = bit_sums(model, model.params)
+    assert cache == {
+        n: int(p.view(torch.int16).to(torch.int64).sum()) for n, p in model.params.items()
+    }
+    sums = sum_deltas(merged, DEFAULT_PACKED_MODULES)
+    assert checked_patch(model, sums, lambda: scatter(model, merged), cache) == 3
+    assert cache == bit_sums(model, model.params)  # now the sums after this apply
+    model.params["model.norm.weight"].data[0] += 1  # changed behind the applies' back
+    with pytest.raises(InPlaceCheckError):
+        checked_patch(model, {"model.norm.weight": 0}, lambda: None, cache)
+    assert cache == {}  # unknown weights: nothing cached
+
+
 @pytest.mark.parametrize("fault", ["strides ignored", "values dropped"])
 def test_a_wrong_in_place_apply_is_caught(chain, fault):
     check_caught(chain, "cpu", fault)

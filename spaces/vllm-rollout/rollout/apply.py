@@ -43,24 +43,43 @@ class InPlaceCheckError(RuntimeError):
     weights are unknown; the sync loop reloads every tensor from its verified copy."""
 
 
-def bit_sums(model: torch.nn.Module, names) -> dict[str, int]:
-    """{parameter name: sum of its bits read as int16, exact}, computed on the parameter's
-    device (one reduction per parameter; any layout, contiguous or not). Names the model does
-    not have are left out."""
+# A row of at most this many int16 values sums exactly in int32 (65535 * 32768 < 2**31).
+_INT32_ROW = 65535
+# {parameter: bit sum} after the last in-place apply, which is the next apply's "before" (only
+# the sync loop changes weights); cleared by a reload and by a failed check. One model per worker.
+_SUMS_AFTER_LAST_APPLY: dict[str, int] = {}
+
+
+def bit_sum(p: torch.Tensor) -> int:
+    """The sum of a tensor's bits read as int16, exact, computed on its device in any layout:
+    rows summed in int32 (twice as fast as one int64 reduction on an H100: 2.1 against 4.0 ms
+    for 622 M elements), then the row sums in int64."""
+    v = p.detach().view(torch.int16)
+    if v.dim() >= 2 and v.shape[-1] <= _INT32_ROW:
+        return int(v.sum(-1, dtype=torch.int32).sum(dtype=torch.int64))
+    return int(v.sum(dtype=torch.int64))
+
+
+def bit_sums(model: torch.nn.Module, names, cache: dict[str, int] | None = None) -> dict[str, int]:
+    """{parameter name: :func:`bit_sum`}, taken from ``cache`` where it has the name. Names the
+    model does not have are left out."""
     params = dict(model.named_parameters())
-    return {
-        n: int(params[n].detach().view(torch.int16).sum(dtype=torch.int64))
-        for n in names
-        if n in params
-    }
+    cache = cache or {}
+    return {n: cache[n] if n in cache else bit_sum(params[n]) for n in names if n in params}
 
 
-def checked_patch(model: torch.nn.Module, sum_deltas: dict[str, int], patch) -> int:
+def checked_patch(model: torch.nn.Module, sum_deltas: dict[str, int], patch,
+                  cache: dict[str, int] | None = None) -> int:  # fmt: skip
     """Run ``patch()`` (the in-place apply) and check, on the device, that every parameter's
     int16 bit sum moved by ``sum_deltas[name]`` (``rollout.plan.sum_deltas``). A checksum, not a
     digest: it catches values written to the wrong place or not at all, unless the errors cancel
     (a write to the wrong place is invisible only where it lands on another changed element
     with the same old value; where every element of a parameter changes, a permutation is).
+
+    Args:
+        cache: sums after the previous apply (the weights have not changed since), used as the
+            "before" sums so that the paused window holds one pass, not two; updated with the
+            "after" sums, and emptied when the check fails.
 
     Returns:
         The number of parameters checked (names the model lacks are not: they are logged).
@@ -68,7 +87,7 @@ def checked_patch(model: torch.nn.Module, sum_deltas: dict[str, int], patch) -> 
     Raises:
         InPlaceCheckError: a parameter moved by another amount.
     """
-    before = bit_sums(model, sum_deltas)
+    before = bit_sums(model, sum_deltas, cache)
     missing = sorted(set(sum_deltas) - set(before))
     if missing:
         log.warning("in-place check: the model has no parameters %s; not checked", missing[:3])
@@ -76,6 +95,10 @@ def checked_patch(model: torch.nn.Module, sum_deltas: dict[str, int], patch) -> 
     after = bit_sums(model, before)
     wrong = [(n, sum_deltas[n], after[n] - before[n]) for n in before
              if after[n] - before[n] != sum_deltas[n]]  # fmt: skip
+    if cache is not None and wrong:
+        cache.clear()
+    elif cache is not None:
+        cache.update(after)
     if wrong:
         raise InPlaceCheckError(
             f"in-place apply changed {len(wrong)} parameters' bit sums by other amounts than the "
@@ -188,6 +211,7 @@ def apply_reload(worker: Any, path: str) -> dict:
     model = worker.model_runner.get_model()
     packed = getattr(model, "packed_modules_mapping", None) or DEFAULT_PACKED_MODULES
     check_fused_complete(list(tensors), packed)
+    _SUMS_AFTER_LAST_APPLY.clear()  # the reload changes weights the sums do not follow
     t1 = time.perf_counter()
     with _quiet_partial_reload():
         worker.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
@@ -246,8 +270,12 @@ def apply_in_place(worker: Any, path: str) -> dict:
     sums = json.loads(meta.get("sum_deltas") or "{}")
     tp = getattr(getattr(worker.vllm_config, "parallel_config", None), "tensor_parallel_size", 1)
     if tp == 1 and sums:  # a rank of a TP group holds slices: its sums are not the whole's
-        checked = checked_patch(model, sums, lambda: load_checkpoint_weight_patches(model, patches))
+        checked = checked_patch(
+            model, sums, lambda: load_checkpoint_weight_patches(model, patches),
+            _SUMS_AFTER_LAST_APPLY,
+        )  # fmt: skip
     else:
+        _SUMS_AFTER_LAST_APPLY.clear()  # weights change unchecked: the sums no longer hold
         load_checkpoint_weight_patches(model, patches)
         checked = 0
     if device != "cpu" and torch.cuda.is_available():
