@@ -52,6 +52,7 @@ class Faults(TrainerCallback):
         self.replica: local_stack.Child | None = None
         self.events: list[dict] = []
         self.killed_step: int | None = None
+        self.urls: list[str] = []  # each start of the late replica (a restart gets a new port)
 
     def _event(self, what: str, step: int, **kw) -> None:
         self.events.append({"event": what, "step": step, "time": time.time(), **kw})
@@ -62,6 +63,7 @@ class Faults(TrainerCallback):
             self.ctx.store_uri, self.ctx.model_path, self.ctx.logs_dir, replica_id=LATE
         )
         self.ctx.children.append(self.replica)
+        self.urls.append(self.replica.url)
         self._event("start late replica" if self.killed_step is None else "restart", step)
 
     def _held(self) -> int | None:
@@ -173,7 +175,10 @@ def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: i
         while time.monotonic() < deadline and cb._held() != final:
             time.sleep(1)
         dash = httpx.get(f"http://127.0.0.1:{cfg.dashboard_port}/", timeout=10).status_code
-        summary["e2e"] = {"faults": cb.events, "corrupted": corrupted, "dashboard_http": dash}
+        restarted = cb.urls[1:]  # rollouts the late replica served after its restart
+        served = sum(f["served"] for f in summary["fleet"] if f["url"] in restarted)
+        summary["e2e"] = {"faults": cb.events, "corrupted": corrupted, "dashboard_http": dash,
+                          "served_after_restart": served}  # fmt: skip
 
     summary = run(
         cfg,
