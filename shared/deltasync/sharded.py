@@ -89,28 +89,37 @@ class ShardedPublisher:
 
         Returns:
             The version number, on every rank.
+
+        Raises:
+            On rank 0 the publisher's error; on the other ranks a RuntimeError naming it (rank 0
+            broadcasts its outcome, so no rank is left waiting in a collective).
         """
         import torch.distributed as dist
 
         named = list(named_tensors)
-        pieces = []
+        pieces, sharded = [], set()
         for name, t in named:
             local = _local_piece(t)
             if local is not None:
                 pieces.append((name, local[0]))
                 self._offsets[name] = local[1]
+                sharded.add(name)
             elif self.rank == 0:
                 pieces.append((name, t))
                 self._offsets[name] = 0
+        error: Exception | None = None
         if not self._started:  # the anchor: full tensors, gathered one at a time
             self._mine.reset(pieces)
             full = []
             for n, t in named:
-                whole = t.full_tensor() if _local_piece(t) is not None else t
+                whole = t.full_tensor() if n in sharded else t
                 if self.rank == 0:
                     full.append((n, to_bf16_bits(whole)))  # a host copy; the device's is freed
-            version = self.publisher.publish(full, step) if self.publisher else None
-            self._started = True
+            try:
+                version = self.publisher.publish(full, step) if self.publisher else None
+            except Exception as e:  # broadcast below, then raised on every rank
+                version, error = None, e
+            self._started = error is None
         else:
             changes = self._mine.diff(pieces)
             found = [
@@ -121,9 +130,16 @@ class ShardedPublisher:
             dist.gather_object(found, gathered, dst=0, group=self.group)
             version = None
             if self.publisher is not None:
-                version = self.publisher.publish_changes(merge(gathered), step)
-        out = [version]
+                try:
+                    version = self.publisher.publish_changes(merge(gathered), step)
+                except Exception as e:  # broadcast below, then raised on every rank
+                    error = e
+        out = [version if error is None else f"{type(error).__name__}: {error}"]
         dist.broadcast_object_list(out, src=0, group=self.group)
+        if error is not None:
+            raise error
+        if isinstance(out[0], str):
+            raise RuntimeError(f"rank 0 failed to publish: {out[0]}")
         return out[0]
 
     def flush(self, timeout: float | None = None) -> None:

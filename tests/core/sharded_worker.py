@@ -3,10 +3,14 @@ test_sharded.py with torchrun. Modes: ``fsdp2`` (fully_shard: every rank holds d
 ``ddp`` (DistributedDataParallel: every rank holds the whole model). After each optimizer step it
 publishes, and rank 0 saves the gathered full bf16 bits of that version for the test to compare.
 
+Mode ``fail``: FSDP2, and rank 0's bucket fails from version 1 on; every rank writes the error
+it got to ``OUT/rank<r>.err`` (none may hang in a collective).
+
 Usage: torchrun --standalone --nproc_per_node 2 sharded_worker.py MODE BUCKET OUT STEPS
 """
 
 import sys
+import time
 
 import numpy as np
 import torch
@@ -25,7 +29,7 @@ def main() -> None:
     torch.manual_seed(0)
     # rows not divisible by 2 (5, 37): uneven shards; the embedding's rows change sparsely
     model = nn.Sequential(nn.Embedding(37, 16), nn.Linear(16, 5), nn.Linear(5, 37))
-    if mode == "fsdp2":
+    if mode in ("fsdp2", "fail"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -51,15 +55,30 @@ def main() -> None:
             loss.backward()
             opt.step()
         named = list(params.named_parameters())
-        version = pub.publish(named, step=step)
+        try:
+            version = pub.publish(named, step=step)
+        except Exception as e:  # mode fail: every rank must get here, none may hang
+            with open(f"{out}/rank{rank}.err", "w") as f:
+                f.write(f"{type(e).__name__}: {e}")
+            break
         full = {}
         for name, p in named:  # the truth, gathered on every rank (a collective)
             whole = p.full_tensor() if hasattr(p, "full_tensor") else p
             full[name] = to_bf16_bits(whole).copy()
         if rank == 0:
             np.savez(f"{out}/v{version}.npz", **full)
-        pub.flush()
-    pub.close()
+        if mode != "fail" or step == 0:
+            pub.flush()
+        if mode == "fail" and rank == 0 and step == 0:  # the bucket breaks after v0
+
+            def broken(entry):
+                raise OSError(f"bucket unreachable at v{entry.version}")
+
+            pub.publisher.before_commit = broken
+        elif mode == "fail" and rank == 0:
+            time.sleep(0.5)  # v1's commit has failed in the background by the next publish
+    if mode != "fail":
+        pub.close()
     dist.barrier()
     dist.destroy_process_group()
 
