@@ -4,8 +4,9 @@ A real ``DeltaPublisher`` writes a synthetic bf16 model (np.uint16 bits, Normal(
 ``file://`` bucket: one anchor, then ``--versions`` deltas, one every ``--publish-interval-s``, each
 moving ~``--density`` of the elements by +-1 ulp, drawn from the smallest-magnitude fifth of the
 elements (where an RL step at a small learning rate flips bf16 bits). N replica PROCESSES
-(multiprocessing, spawn) each run the real replica path on a CPU dict: ``DeltaSubscriber`` reads the
-manifest every ``--poll-interval-s``, plans, fetches, verifies and applies into ``HeldWeights``.
+(multiprocessing, spawn) each run the real replica path on a CPU dict: ``deltasync.follow.Follower``
+reads the manifest every ``--poll-interval-s``, plans, fetches, verifies and applies into
+``HeldWeights``.
 No vLLM, no torch.
 
 Measured per (model size, N replicas), over the delta phase only (the start-up anchor load is left
@@ -36,10 +37,10 @@ import time
 import numpy as np
 
 from deltasync import codec
+from deltasync.follow import Follower
 from deltasync.manifest import MANIFEST_PATH
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.store import Store
-from deltasync.subscriber import DeltaSubscriber, HeldWeights
 
 ROW_ELEMS = 1024  # columns of every synthetic tensor
 TENSOR_ELEMS = 1 << 20  # elements per synthetic tensor (the last one may be smaller)
@@ -133,49 +134,44 @@ def warm_up_codec() -> None:
 
 
 def replica_main(rid: int, uri: str, poll_s: float, final, stop, ready_q, result_q, deadline):
-    """Replica process: load the anchor, signal ready, then follow the bucket until it holds the
-    final version (``final.value``, -1 until known), ``stop`` is set, or ``deadline`` (unix s, a
-    bound of last resort) passes."""
+    """Replica process: load the anchor, signal ready, then follow the bucket (the replicas'
+    ``Follower`` loop, polling every ``poll_s``) until it holds the final version (``final.value``,
+    -1 until known), ``stop`` is set, or ``deadline`` (unix s, a bound of last resort) passes."""
     warm_up_codec()
     store = CountingStore(uri, create=False)
-    sub = DeltaSubscriber(store, fetch_threads=2)
-    held = HeldWeights()
+    follower = Follower(store, poll_interval_s=poll_s, max_poll_interval_s=poll_s, fetch_threads=2)
+    held = follower.held
     while held.version is None and time.time() < deadline and not stop.is_set():
-        sub.sync(held)
-        if held.version is None:
+        if follower.poll() is None:
             time.sleep(poll_s)
     ready_q.put(rid)
     store.reset()
     records, polls, idle_cpu_s, apply_cpu_s, applied = [], 0, 0.0, 0.0, 0
-    next_tick = time.monotonic() + poll_s * np.random.default_rng(rid).random()  # random phase
-    while time.time() < deadline and not stop.is_set():
-        time.sleep(max(0.0, next_tick - time.monotonic()))
-        next_tick += poll_s
-        cpu0 = time.process_time()
-        manifest = sub.read_manifest()
-        plan = sub.plan(held.version, manifest)
+    time.sleep(poll_s * np.random.default_rng(rid).random())  # random phase
+    cpu0 = time.process_time()
+    for pulled in follower.follow(stop):
+        cpu = time.process_time() - cpu0  # this poll's CPU (the waits cost none)
         polls += 1
-        for step in plan.steps:
-            fetched = sub.fetch(step)
-            sub.apply(fetched, held, manifest)
-            records.append(
-                dict(
-                    version=step.version,
-                    kind=step.kind,
-                    bytes=fetched.nbytes,
-                    published_at=step.created_at,
-                    applied_at=time.time(),
-                )
-            )
-        cpu = time.process_time() - cpu0
-        if plan.steps:
+        if pulled is not None:
             apply_cpu_s += cpu
-            applied += len(plan.steps)
+            applied += len(pulled.steps)
+            for step, nbytes in zip(pulled.steps, pulled.sizes, strict=True):
+                records.append(
+                    dict(
+                        version=step.version,
+                        kind=step.kind,
+                        bytes=nbytes,
+                        published_at=step.created_at,
+                        applied_at=time.time(),
+                    )
+                )
         else:
             idle_cpu_s += cpu
-        if final.value >= 0 and held.version is not None and held.version >= final.value:
+        done = final.value >= 0 and held.version is not None and held.version >= final.value
+        if done or time.time() >= deadline:
             break
-    sub.close()
+        cpu0 = time.process_time()
+    follower.close()
     result_q.put(
         dict(
             rid=rid,

@@ -34,6 +34,14 @@ def lag_versions(trainer_version: int | None, replica_version: int | None) -> in
     return max(0, trainer_version - replica_version)
 
 
+def lag_s(published_at: float | None, now: float | None = None) -> float:
+    """Seconds from ``published_at`` (unix s: the commit of the newest version, passed only while
+    the replica is behind it) to ``now`` (default: the current time); 0.0 when None."""
+    if published_at is None:
+        return 0.0
+    return max(0.0, (time.time() if now is None else now) - published_at)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -407,19 +407,16 @@ class DeltaSubscriber:
             )
 
     def sync(self, held: HeldWeights, target: int | None = None) -> list[tuple[PlanStep, list]]:
-        """Bring ``held`` to ``target`` (default newest): plan, fetch, verify and apply each step.
+        """Bring ``held`` to ``target`` (default newest) once: ``deltasync.follow.Follower.poll``
+        with errors raised.
 
         Returns the applied (step, patches-or-full-tensors) pairs. On an error, ``held`` stays at
         the last step that verified, and the error propagates.
         """
-        manifest = self.read_manifest()
-        if manifest is None:
-            return []
-        plan = self.plan(held.version, manifest, target)
-        done = []
-        for step in plan.steps:
-            done.append((step, self.apply(self.fetch(step), held, manifest)))
-        return done
+        from .follow import Follower
+
+        pulled = Follower(self, held).poll(target)
+        return list(zip(pulled.steps, pulled.applied, strict=True)) if pulled else []
 
 
 def merge_patches(held: HeldWeights, steps: list[list[Patch]]) -> list[Patch]:

@@ -1,9 +1,9 @@
 """Fixtures of the dashboard tests: a bucket recorded with the real publisher and subscriber.
 
 ``RunRecorder`` publishes small random bf16 models (np.uint16 bits) with the real
-``DeltaPublisher``, follows them with real ``DeltaSubscriber``s into ``HeldWeights`` (one simulated
-replica loop per replica, apply path "cpu-dict": verified patches are applied to a separate serving
-dict inside the "pause"), writes each replica's ``ReplicaHeartbeat`` with its ``SyncRecord``s, and
+``DeltaPublisher``, follows them with real ``Follower``s (``deltasync.follow``: one per simulated
+replica, apply path "cpu-dict": verified patches are applied to a separate serving dict inside the
+"pause"), writes each replica's ``ReplicaHeartbeat`` with its ``SyncRecord``s, and
 the trainer's ``TrainerMetrics``. ``recorded_bucket`` is a finished recording; ``run_recorder``
 hands out the class for tests that record while the dashboard runs.
 """
@@ -17,18 +17,19 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from deltasync.follow import Follower
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.status import (
     TRAINER_METRICS_PATH,
     ReplicaHeartbeat,
     StepMetrics,
-    SyncRecord,
     TrainerMetrics,
+    lag_s,
     lag_versions,
     write_heartbeat,
 )
 from deltasync.store import Store
-from deltasync.subscriber import DeltaSubscriber, HeldWeights, apply_patches
+from deltasync.subscriber import apply_patches
 
 SHAPES = {
     "model.embed.weight": (64, 16),
@@ -46,8 +47,7 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
 class _Replica:
     replica_id: str
     every: int  # syncs after every ``every``-th version
-    subscriber: DeltaSubscriber
-    held: HeldWeights
+    follower: Follower
     serving: dict  # the "engine" weights: np.uint16 bits, updated inside the pause
     heartbeat: ReplicaHeartbeat
 
@@ -86,8 +86,7 @@ class RunRecorder:
             rid: _Replica(
                 rid,
                 every,
-                DeltaSubscriber(self.store, fetch_threads=1),
-                HeldWeights(),
+                Follower(self.store, fetch_threads=1),
                 {},
                 ReplicaHeartbeat(
                     replica_id=rid,
@@ -145,50 +144,25 @@ class RunRecorder:
         return version
 
     def _sync(self, r: _Replica) -> None:
-        manifest = r.subscriber.read_manifest()
-        plan = r.subscriber.plan(r.held.version, manifest)
-        if not plan.steps:
+        pulled = r.follower.poll()
+        if pulled is None:
             return
-        fetch_s = decode_s = apply_s = 0.0
-        applied = []
-        for st in plan.steps:
-            fetched = r.subscriber.fetch(st)
-            fetch_s += fetched.fetch_s
-            t0 = time.perf_counter()
-            applied.append(r.subscriber.apply(fetched, r.held, manifest))
-            decode_s += time.perf_counter() - t0
+        apply_s = 0.0
         t_pause = time.perf_counter()
-        for patches in applied:  # the pause: apply to the serving weights (cpu-dict path)
+        for patches in pulled.applied:  # the pause: apply to the serving weights (cpu-dict path)
             t0 = time.perf_counter()
             apply_patches(r.serving, patches)
             apply_s += time.perf_counter() - t0
         paused_s = time.perf_counter() - t_pause
-        kind = "anchor" if plan.reanchor else ("delta" if len(plan.steps) == 1 else "chain")
-        r.heartbeat.recent.append(
-            SyncRecord(
-                version=plan.to_version,
-                from_version=plan.from_version,
-                kind=kind,
-                steps=len(plan.steps),
-                bytes=plan.bytes,
-                fetch_s=fetch_s,
-                decode_s=decode_s,
-                paused_s=paused_s,
-                apply_s=apply_s,
-                published_at=manifest.entry(plan.to_version).created_at,
-                applied_at=time.time(),
-                apply_path="cpu-dict",
-            )
-        )
+        r.heartbeat.recent.append(pulled.record(paused_s, apply_s, "cpu-dict"))
 
     def _beat(self, r: _Replica) -> None:
-        manifest = r.subscriber.read_manifest()
-        latest = manifest.latest
-        hb = r.heartbeat
-        hb.held_version = r.held.version
+        latest = r.follower.subscriber.read_manifest().latest
+        hb, held = r.heartbeat, r.follower.held.version
+        hb.held_version = held
         hb.newest_seen = latest.version
-        hb.lag_versions = lag_versions(latest.version, r.held.version)
-        hb.lag_s = time.time() - latest.created_at if hb.lag_versions else 0.0
+        hb.lag_versions = lag_versions(latest.version, held)
+        hb.lag_s = lag_s(latest.created_at if hb.lag_versions else None)
         hb.status = "ok"
         hb.updated_at = time.time()
         write_heartbeat(self.store, hb)
@@ -197,7 +171,7 @@ class RunRecorder:
         """Close the publisher (releases its lease) and the subscribers."""
         self.publisher.close()
         for r in self.replicas.values():
-            r.subscriber.close()
+            r.follower.close()
 
 
 @pytest.fixture

@@ -115,6 +115,7 @@ class FakeEngine:
         self.version: str | None = None
         self.applies: list[tuple[str, list[str]]] = []
         self.fail_next = 0
+        self.fail_pause = 0  # pauses that answer an error (nothing applied)
         self.pauses = 0
 
     def describe(self) -> dict:
@@ -152,6 +153,9 @@ class FakeEngine:
         return [{"version": int(meta["version"])}]
 
     def pause(self, mode: str = "keep") -> None:
+        if self.fail_pause:
+            self.fail_pause -= 1
+            raise EngineControlError("POST /pause: expected 2xx, found 503: injected")
         self.paused = True
         self.pauses += 1
 

@@ -117,6 +117,29 @@ def test_corrupt_delta_is_refused_then_recovered_from_next_anchor(tiny_model_dir
     tr.close()
 
 
+@pytest.mark.parametrize("newer", [False, True])
+def test_failed_pause_is_retried(tiny_model_dir, bucket, tmp_path, newer):
+    """A pause the engine refuses applies nothing; the verified version is served at the next
+    poll, merged with a version published meanwhile (``newer``)."""
+    tr = Trainer(tiny_model_dir, bucket)
+    eng, loop = make(tr, bucket, tmp_path, device="cuda")  # in-place: sparse patches merged
+    tr.publish()
+    loop.poll_once()
+    v = tr.publish_many(1)
+    eng.fail_pause = 1
+    assert loop.poll_once() is None
+    assert loop.served_version == 0 and eng.version == "0" and not eng.paused
+    assert all(np.array_equal(eng.weights[n], a) for n, a in tr.versions[0].items())
+    assert loop.status == "error" and "pause" in loop.last_error
+    if newer:
+        v = tr.publish_many(1)
+    rec = loop.poll_once()
+    assert rec.version == v and rec.from_version == 0 and rec.steps == v
+    assert_exact(eng, loop, tr, v)
+    assert loop.status == "ok"
+    tr.close()
+
+
 def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
     """A trainer that diverged (another history to the same version numbers) publishes a delta
     whose base v2 is not the v2 the replica holds: the result digests disagree, so it is

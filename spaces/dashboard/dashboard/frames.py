@@ -12,7 +12,7 @@ from typing import Literal
 import pandas as pd
 
 from deltasync.manifest import VersionEntry
-from deltasync.status import SyncRecord, lag_versions
+from deltasync.status import SyncRecord, lag_s, lag_versions
 
 BYTES_PER_MB = 1e6  # "MB" in the frames and plots is 10^6 bytes
 
@@ -220,7 +220,7 @@ class FramesFromHistory:
                 return None, None
             newest = versions[i - 1]
             lv = lag_versions(newest.version, held)
-            return lv, (t - newest.created_at if lv else 0.0)
+            return lv, lag_s(newest.created_at if lv else None, now=t)
 
         rows = []
         for rid in sorted(self._samples):
@@ -309,7 +309,7 @@ class FramesFromHistory:
             lv = lag_versions(trainer_version, hb.held_version)
             if lv is None:
                 lv = hb.lag_versions
-            ls = (now - latest.created_at if lv else 0.0) if latest else hb.lag_s
+            ls = lag_s(latest.created_at if lv else None, now=now) if latest else hb.lag_s
             flags = []
             if age > self.stalled_after_s and hb.status != "stopped":
                 flags.append("STALLED")

@@ -2,22 +2,20 @@
 
 One poll (``SyncLoop.poll_once``):
 
-1. read the manifest; plan from the version held to the newest (deltas that chain onto it, or the
-   newest anchor and the deltas after it: fresh start, restart, fell behind, cheaper);
-2. fetch every step (download + file digests + parse) and decode + verify it against the CPU-held
-   bf16 bits (``DeltaSubscriber.apply``; digests of every post-update tensor) -- all while vLLM
-   keeps generating on the old version;
-3. write a staging file (whole tensors of every touched module for the reload path, or merged
+1. ``deltasync.follow.Follower.poll``: read the manifest, plan from the version held to the newest
+   (deltas that chain onto it, or the newest anchor and the deltas after it: fresh start, restart,
+   fell behind, cheaper), fetch every step and decode + verify it against the CPU-held bf16 bits
+   (digests of every post-update tensor) -- all while vLLM keeps generating on the old version;
+2. write a staging file (whole tensors of every touched module for the reload path, or merged
    sparse patches for the in-place path);
-4. ``pause(mode=keep)``, apply through the worker extension, record the version
+3. ``pause(mode=keep)``, apply through the worker extension, record the version
    (``/update_weight_version``), reset the prefix cache, ``resume``. The pause holds no network
    transfer and no decode.
 
-Polling adapts (bucket reads cost Hub requests on ``hf://``): after a poll that found nothing
-new the interval doubles up to ``max_poll_interval_s``, and snaps back to ``poll_interval_s`` once a
-new version appears. A bucket that cannot be read as configured (a refused token, a missing
-bucket: ``StoreAccessError``) sets status "error" with the reason in ``last_error`` at the first
-poll and is retried every ``error_poll_interval_s``; the loop never exits on it. On remote stores
+Polling adapts as the ``Follower`` does (bucket reads cost Hub requests on ``hf://``). A bucket
+that cannot be read as configured (a refused token, a missing bucket: ``StoreAccessError``) sets
+status "error" with the reason in ``last_error`` at the first poll and is retried every
+``error_poll_interval_s``; the loop never exits on it. On remote stores
 heartbeats are written at most every ``heartbeat_min_gap_s`` (state changes wait for the gap).
 
 Faults: a payload that fails verification (digest, parse, wrong base) is refused before anything
@@ -39,33 +37,16 @@ from typing import Protocol
 
 import numpy as np
 
-from deltasync.errors import (
-    BaseVersionMismatch,
-    DeltaCorruptError,
-    ManifestError,
-    ModelMismatchError,
-    StoreAccessError,
-    StoreError,
-    StoreNotFoundError,
-)
-from deltasync.manifest import Manifest
-from deltasync.status import ReplicaHeartbeat, SyncRecord, lag_versions, write_heartbeat
-from deltasync.subscriber import (
-    DeltaSubscriber,
-    HeldWeights,
-    PlanStep,
-    SyncPlan,
-    merge_patches,
-)
+from deltasync.errors import StoreAccessError, StoreError
+from deltasync.follow import Follower, Pulled
+from deltasync.status import ReplicaHeartbeat, SyncRecord, lag_s, lag_versions, write_heartbeat
+from deltasync.subscriber import merge_patches
 
 from .engine import EngineControlError
 from .plan import ModelInfo, choose_apply_path, plan_reload, sum_deltas
 from .stage import default_stage_dir, write_stage
 
 log = logging.getLogger("rollout.sync")
-
-# Errors that mean "this payload cannot be applied onto what we hold": refuse it, keep serving.
-_REFUSED = (DeltaCorruptError, BaseVersionMismatch, ModelMismatchError)
 
 
 class Engine(Protocol):
@@ -80,15 +61,11 @@ class Engine(Protocol):
 
 
 @dataclass
-class _Prepared:
-    """A verified sync, staged and ready for the pause."""
+class _Staged:
+    """A verified pull, staged and ready for the pause."""
 
-    plan: SyncPlan
-    steps: list[PlanStep]  # the steps that verified (a prefix of plan.steps)
-    from_version: int | None
-    nbytes: int
-    fetch_s: float
-    decode_s: float
+    pulled: Pulled
+    from_version: int | None  # the version vLLM served before
     stage_s: float
     path: str
     mode: str
@@ -139,20 +116,22 @@ class SyncLoop:
         clock: Callable[[], float] = time.monotonic,
         public_url: str | None = None,
     ):
-        self.subscriber = DeltaSubscriber(store_uri)
-        self.store = self.subscriber.store
+        self.follower = Follower(
+            store_uri,
+            poll_interval_s=poll_interval_s,
+            max_poll_interval_s=max_poll_interval_s,
+            error_poll_interval_s=error_poll_interval_s,
+            report=self._report,
+        )
+        self.subscriber, self.store, self.held = (
+            self.follower.subscriber,
+            self.follower.store,
+            self.follower.held,
+        )
         self.engine = engine
         self.replica_id = replica_id
         self.public_url = public_url
-        remote = not self.store.is_local and not self.store.uri.startswith("memory://")
-        self.poll_interval_s = poll_interval_s
-        self.max_poll_interval_s = max(
-            poll_interval_s,
-            max_poll_interval_s
-            if max_poll_interval_s is not None
-            else (5.0 if remote else poll_interval_s),
-        )
-        self.error_poll_interval_s = max(poll_interval_s, error_poll_interval_s)
+        remote = not self.follower.local
         self.heartbeat_interval_s = (
             max(heartbeat_interval_s, 60.0) if remote else heartbeat_interval_s
         )
@@ -160,26 +139,21 @@ class SyncLoop:
             heartbeat_min_gap_s if heartbeat_min_gap_s is not None else (60.0 if remote else 0.0)
         )
         self._clock = clock
-        self._delay = poll_interval_s  # the wait before the next poll (adaptive)
         self._hb_pending = False  # a forced heartbeat waits for heartbeat_min_gap_s
         self.requested_path = apply_path
         self.stage_dir = stage_dir or default_stage_dir()
-        self.held = HeldWeights()
         self.served_version: int | None = None  # the verified version vLLM serves
         self.dirty = False  # an apply failed inside vLLM: paused until a full reload succeeds
-        self.newest_seen: int | None = None
-        self.newest_published_at: float | None = None
+        self._unserved: Pulled | None = None  # verified into held, but its pause failed
         self.status = "starting"
         self.errors = 0
         self.last_error: str | None = None
         self.recent: list[SyncRecord] = []
         self.info: ModelInfo | None = None
         self.apply_path = ""
-        self._bad: dict[tuple, str] = {}  # refused payloads -> reason
         self._last_exc: BaseException | None = None
         self._prefix_reset_pending = False
         self._last_heartbeat: float | None = None
-        self._lock = threading.Lock()  # one poll at a time (thread and control route)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -212,7 +186,7 @@ class SyncLoop:
         self.status = "stopped"
         self._last_heartbeat = None  # the final heartbeat is written whatever the gap
         self._heartbeat(force=True)
-        self.subscriber.close()
+        self.follower.close()
 
     def wake(self) -> None:
         """Poll now instead of at the next interval."""
@@ -223,22 +197,29 @@ class SyncLoop:
         """Serving a verified bucket version (and not paused for a recovery)."""
         return self.served_version is not None and not self.dirty
 
+    @property
+    def newest_seen(self) -> int | None:
+        return self.follower.newest_seen
+
+    @property
+    def poll_interval_s(self) -> float:
+        return self.follower.poll_interval_s
+
+    @property
+    def error_poll_interval_s(self) -> float:
+        return self.follower.error_poll_interval_s
+
     def next_poll_delay_s(self) -> float:
-        """Seconds to wait before the next poll: ``poll_interval_s`` right after a change,
-        doubling while nothing changes up to ``max_poll_interval_s``, and
-        ``error_poll_interval_s`` while the bucket is unreadable as configured."""
-        return self._delay
+        """Seconds to wait before the next poll (``Follower.delay_s``)."""
+        return self.follower.delay_s
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        for pulled in self.follower.follow(self._stop, self._wake):
             try:
-                self.poll_once()
+                self._serve(pulled)
             except Exception as e:  # recovered on purpose: the replica keeps serving; reported
                 log.exception("sync poll failed unexpectedly; serving v%s", self.served_version)
                 self._report(e)
-                self._delay = max(self._delay, self.poll_interval_s)
-            self._wake.wait(self.next_poll_delay_s())
-            self._wake.clear()
 
     # ----------------------------------------------------------------------------------- poll
     def poll_once(self) -> SyncRecord | None:
@@ -248,131 +229,55 @@ class SyncLoop:
         ``last_error``), not raised; an unreadable bucket (``StoreAccessError``) is reported
         at once and slows polling to ``error_poll_interval_s``.
         """
-        with self._lock:
+        with self.follower.lock:
             if self.info is None:
                 self.connect()
-            if self.dirty:
-                self._recover_full()
-                return None
-            before = self.newest_seen
-            try:
-                manifest = self.subscriber.read_manifest()
-            except StoreAccessError as e:
-                self._report(e, "bucket unreadable; retrying slowly")
-                self._delay = self.error_poll_interval_s
-                return None
-            except (ManifestError, StoreError) as e:
-                self._report(e)
-                self._backoff()
-                return None
-            if self.status == "error" and isinstance(self._last_exc, StoreAccessError):
-                self.status = "starting" if self.served_version is None else "ok"
-                self._last_exc = None
-            if manifest is None or manifest.latest is None:
-                self._backoff()
-                self._heartbeat()
-                return None
-            self.newest_seen = manifest.latest.version
-            self.newest_published_at = manifest.latest.created_at
-            if self.newest_seen != before:
-                self._delay = self.poll_interval_s  # something moved: poll at the fastest again
-            else:
-                self._backoff()
-            if self.served_version == self.newest_seen:
-                self._retry_prefix_reset()
-                self.status = "ok"
-                self._heartbeat()
-                return None
-            prepared = self._prepare(manifest)
-            if prepared is None:
+            return self._serve(self.follower.poll())
+
+    def _serve(self, pulled: Pulled | None) -> SyncRecord | None:
+        """Serve what a poll verified: stage it, then apply it inside the pause."""
+        if self.info is None:
+            self.connect()
+        if self.dirty:
+            self._recover_full()
+            return None
+        if self.follower.failed:
+            return None
+        if self.status == "error" and isinstance(self._last_exc, StoreAccessError):
+            self.status = "starting" if self.served_version is None else "ok"
+            self._last_exc = None
+        if self._unserved is not None:  # the pause failed last time: serve it with this pull
+            pulled = self._unserved if pulled is None else self._unserved.then(pulled)
+            self._unserved = None
+        if pulled is None:
+            if self.newest_seen is not None and self.served_version != self.newest_seen:
+                self.status = "error"  # behind, and nothing verified: reported already
                 self._heartbeat(force=True)
                 return None
-            return self._apply(prepared, manifest)
-
-    def _backoff(self) -> None:
-        self._delay = min(max(self._delay, self.poll_interval_s) * 2, self.max_poll_interval_s)
-
-    def _bad_key(self, step: PlanStep) -> tuple:
-        return (step.kind, step.version, tuple(f.digest for f in step.files))
-
-    def _plan(self, manifest: Manifest) -> SyncPlan | None:
-        """The plan from what is held, or a re-anchor when that path uses a refused payload."""
-        for held in dict.fromkeys([self.held.version, None]):
-            try:
-                plan = self.subscriber.plan(held, manifest)
-            except ManifestError as e:
-                self._report(e)
-                continue
-            bad = [s for s in plan.steps if self._bad_key(s) in self._bad]
-            if not bad:
-                return plan
-            log.info(
-                "plan v%s->v%s uses refused %s v%d; trying a re-anchor",
-                held, plan.to_version, bad[0].kind, bad[0].version,
-            )  # fmt: skip
-        self.status = "error"
-        log.warning(
-            "no clean path to v%s; serving v%s until a newer anchor is published",
-            manifest.latest.version, self.served_version,
-        )  # fmt: skip
-        return None
-
-    def _prepare(self, manifest: Manifest) -> _Prepared | None:
-        """Plan, fetch, verify and stage while generation continues. None when nothing verified."""
-        plan = self._plan(manifest)
-        if plan is None or not plan.steps:
+            self._retry_prefix_reset()
+            if self.newest_seen is not None:
+                self.status = "ok"
+            self._heartbeat()
             return None
-        self.status = "syncing" if plan.from_version is not None else "recovering"
-        from_version = self.served_version
-        fetch_s = decode_s = 0.0
-        nbytes = 0
-        done: list[tuple[PlanStep, list]] = []
-        for step in plan.steps:
-            try:
-                fetched = self.subscriber.fetch(step)
-                fetch_s += fetched.fetch_s
-                nbytes += fetched.nbytes
-                t0 = time.perf_counter()
-                out = self.subscriber.apply(fetched, self.held, manifest)
-                decode_s += time.perf_counter() - t0
-            except _REFUSED as e:
-                self._bad[self._bad_key(step)] = f"{type(e).__name__}: {e}"
-                self._report(e, f"refused {step.kind} v{step.version}")
-                break
-            except StoreNotFoundError as e:
-                # retention deleted it after we read the manifest (the next manifest no longer
-                # names it), or it vanished while still named: either way avoid this payload
-                # from now on, so a path through a later anchor is taken
-                self._bad[self._bad_key(step)] = f"{type(e).__name__}: {e}"
-                self._report(e, "payload gone; re-planning next poll")
-                break
-            except StoreError as e:
-                self._report(e, "store read failed; retrying next poll")
-                break
-            done.append((step, out))
-        if not done:
-            self.status = "error"
-            return None
+        self.status = "syncing" if pulled.plan.from_version is not None else "recovering"
         t0 = time.perf_counter()
-        path, mode, n = self._stage(done)
-        return _Prepared(
-            plan, [s for s, _ in done], from_version, nbytes, fetch_s, decode_s,
-            time.perf_counter() - t0, path, mode, n,
-        )  # fmt: skip
+        path, mode, n = self._stage(pulled)
+        staged = _Staged(pulled, self.served_version, time.perf_counter() - t0, path, mode, n)
+        return self._apply(staged)
 
-    def _stage(self, done: list[tuple[PlanStep, list]]) -> tuple[str, str, int]:
+    def _stage(self, pulled: Pulled) -> tuple[str, str, int]:
         """Write the staging file for the verified steps; returns (path, mode, tensors)."""
         assert self.info is not None
         version = self.held.version
         path = os.path.join(self.stage_dir, f"{self.replica_id}-v{version}.safetensors")
-        anchored = any(s.kind == "anchor" for s, _ in done)
+        anchored = pulled.kind == "anchor"
         names = list(self.held.tensors)
         if anchored or self.served_version is None:
             touched = names
         else:
-            touched = sorted({p.name for _, ps in done for p in ps})
+            touched = sorted({p.name for ps in pulled.applied for p in ps})
         if self.apply_path == "in-place" and not anchored and self.served_version is not None:
-            merged = merge_patches(self.held, [ps for _, ps in done])
+            merged = merge_patches(self.held, pulled.applied)
             if not any(_is_nan_bits(p.values) for p in merged):  # NaN is vLLM's "unchanged" mark
                 sparse = {p.name: (p.shape, p.indices, p.values) for p in merged}
                 sums = sum_deltas(merged, self.info.packed_modules_mapping)
@@ -385,14 +290,16 @@ class SyncLoop:
         write_stage(path, "dense", version, dense=dense, refresh_lm_head=rp.refresh_lm_head)
         return path, "reload", len(dense)
 
-    def _apply(self, p: _Prepared, manifest: Manifest) -> SyncRecord | None:
+    def _apply(self, p: _Staged) -> SyncRecord | None:
         """The paused window: pause(keep), apply, record the version, reset prefixes, resume."""
         version = self.held.version
         t_pause = time.perf_counter()
         try:
             self.engine.pause("keep")
         except EngineControlError as e:  # nothing applied: keep serving the old version
-            self._report(e, "pause failed; will retry")
+            self._unserved = p.pulled
+            _unlink(p.path)
+            self._report(e, "pause failed; retrying at the next poll")
             return None
         try:
             t0 = time.perf_counter()
@@ -412,23 +319,8 @@ class SyncLoop:
             self.engine.resume()
         paused_s = time.perf_counter() - t_pause
         self.served_version = version
-        entry = manifest.entry(version)
-        published_at = entry.created_at if entry else time.time()
-        kinds = {s.kind for s in p.steps}
-        rec = SyncRecord(
-            version=version,
-            from_version=p.from_version,
-            kind="anchor" if "anchor" in kinds else ("chain" if len(p.steps) > 1 else "delta"),
-            steps=len(p.steps),
-            bytes=p.nbytes,
-            fetch_s=round(p.fetch_s, 6),
-            decode_s=round(p.decode_s + p.stage_s, 6),
-            paused_s=round(paused_s, 6),
-            apply_s=round(apply_s, 6),
-            published_at=published_at,
-            applied_at=time.time(),
-            apply_path=p.mode,
-        )
+        rec = p.pulled.record(paused_s, apply_s, p.mode, extra_decode_s=p.stage_s)
+        rec.from_version = p.from_version
         self.recent.append(rec)
         self.recent = self.recent[-50:]
         # behind after a sync only when a step was refused (plans always go to the newest)
@@ -436,7 +328,8 @@ class SyncLoop:
         log.info(
             "sync v%s->v%d %s steps=%d bytes=%d fetch=%.4fs decode=%.4fs stage=%.4fs "
             "paused=%.4fs apply=%.4fs path=%s tensors=%d lag=%.3fs newest=v%s prefix_reset=%s",
-            p.from_version, version, rec.kind, rec.steps, rec.bytes, p.fetch_s, p.decode_s,
+            p.from_version, version, rec.kind, rec.steps, rec.bytes, p.pulled.fetch_s,
+            p.pulled.decode_s,
             p.stage_s, paused_s, apply_s, p.mode, p.tensors, rec.lag_s, self.newest_seen,
             "deferred" if self._prefix_reset_pending else "ok",
         )  # fmt: skip
@@ -495,15 +388,12 @@ class SyncLoop:
     def heartbeat(self) -> ReplicaHeartbeat:
         """The current status as a heartbeat object."""
         behind = self.newest_seen is not None and self.served_version != self.newest_seen
-        lag_s = (
-            time.time() - self.newest_published_at if behind and self.newest_published_at else 0.0
-        )
         return ReplicaHeartbeat(
             replica_id=self.replica_id,
             held_version=self.served_version,
             newest_seen=self.newest_seen,
             lag_versions=lag_versions(self.newest_seen, self.served_version),
-            lag_s=max(0.0, lag_s),
+            lag_s=lag_s(self.follower.newest_published_at if behind else None),
             status=self.status,
             apply_path=self.apply_path,
             last_error=self.last_error,

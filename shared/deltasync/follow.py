@@ -1,0 +1,298 @@
+"""Following a bucket run: the one poll loop of every reader (replicas, tests, benches).
+
+A :class:`Follower` keeps a :class:`HeldWeights` on the newest version it can verify:
+
+1. read the manifest (a conditional read: an unchanged manifest costs one 304 on hf://);
+2. plan from the held version to the newest, around payloads it refused before (re-anchoring once
+   a newer anchor exists);
+3. fetch and verify each step into ``held`` (``DeltaSubscriber.fetch`` + ``apply``), stopping at
+   the first step that is refused; the verified steps come back as one :class:`Pulled`.
+
+What a reader does with a :class:`Pulled` (apply it to vLLM inside a pause, to a dict, nothing) is
+its own. Polling adapts, because bucket reads count against the Hub's rate limit: after a poll
+that found nothing new the wait doubles up to ``max_poll_interval_s``, it snaps back to
+``poll_interval_s`` once a new version appears, and it is ``error_poll_interval_s`` while the
+bucket cannot be read as configured (``StoreAccessError``: a refused token, a missing bucket).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .errors import (
+    BaseVersionMismatch,
+    DeltaCorruptError,
+    ManifestError,
+    ModelMismatchError,
+    StoreAccessError,
+    StoreError,
+    StoreNotFoundError,
+)
+from .manifest import Manifest
+from .status import SyncRecord
+from .store import Store
+from .subscriber import DeltaSubscriber, HeldWeights, PlanStep, SyncPlan
+
+log = logging.getLogger("deltasync.follow")
+
+# A payload that cannot be applied onto what is held (refused and avoided from then on), or that
+# vanished after the manifest named it (retention moved on).
+REFUSED = (DeltaCorruptError, BaseVersionMismatch, ModelMismatchError, StoreNotFoundError)
+
+Report = Callable[[BaseException, str], None]
+
+
+@dataclass
+class Pulled:
+    """The steps one poll fetched, verified and applied to the held weights.
+
+    Attributes:
+        manifest: the manifest the plan was made from.
+        plan: the whole plan (``steps`` is a prefix of ``plan.steps`` when a step was refused).
+        steps: the steps that verified, oldest first.
+        applied: per step, ``list[Patch]`` (delta) or ``list[FullTensor]`` (anchor).
+        sizes: per step, payload bytes downloaded.
+        fetch_s: seconds downloading, digest-checking and parsing (all steps).
+        decode_s: seconds decoding and verifying (all steps).
+    """
+
+    manifest: Manifest
+    plan: SyncPlan
+    steps: list[PlanStep] = field(default_factory=list)
+    applied: list[list] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    fetch_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def version(self) -> int:
+        """The version the held weights are at now."""
+        return self.steps[-1].version
+
+    @property
+    def kind(self) -> str:
+        """``anchor`` (the pull starts from an anchor), ``delta`` (one) or ``chain`` (several)."""
+        if any(s.kind == "anchor" for s in self.steps):
+            return "anchor"
+        return "chain" if len(self.steps) > 1 else "delta"
+
+    def then(self, later: Pulled) -> Pulled:
+        """This pull followed by a ``later`` one, as one pull (for a reader that could not serve
+        this one yet: the held weights are at ``later``'s version)."""
+        return Pulled(
+            later.manifest,
+            SyncPlan(self.plan.from_version, later.plan.to_version, self.steps + later.steps),
+            self.steps + later.steps,
+            self.applied + later.applied,
+            self.sizes + later.sizes,
+            self.fetch_s + later.fetch_s,
+            self.decode_s + later.decode_s,
+        )
+
+    def record(
+        self, paused_s: float, apply_s: float, apply_path: str, extra_decode_s: float = 0.0
+    ) -> SyncRecord:
+        """The ``SyncRecord`` of this pull once a reader served it (now is ``applied_at``).
+
+        Args:
+            paused_s, apply_s: seconds generation was paused, and of the apply inside it.
+            apply_path: the reader's apply path (``in-place``, ``reload``, ``cpu-dict``).
+            extra_decode_s: reader work outside the pause added to ``decode_s`` (staging).
+        """
+        entry = self.manifest.entry(self.version)
+        return SyncRecord(
+            version=self.version,
+            from_version=self.plan.from_version,
+            kind=self.kind,
+            steps=len(self.steps),
+            bytes=sum(self.sizes),
+            fetch_s=round(self.fetch_s, 6),
+            decode_s=round(self.decode_s + extra_decode_s, 6),
+            paused_s=round(paused_s, 6),
+            apply_s=round(apply_s, 6),
+            published_at=entry.created_at if entry else time.time(),
+            applied_at=time.time(),
+            apply_path=apply_path,
+        )
+
+
+class Follower:
+    """Keeps ``held`` on the newest verified version of one bucket run.
+
+    Args:
+        source: the run's Store or URI, or a ``DeltaSubscriber`` to use.
+        held: the weights to keep current (default: empty; the first poll loads an anchor).
+        poll_interval_s: seconds between polls right after a change (the shortest).
+        max_poll_interval_s: the longest wait while nothing changes (default:
+            ``poll_interval_s`` on a local folder or ``memory://``, max(5, poll_interval_s) on a
+            remote store, where each poll is a Hub request).
+        error_poll_interval_s: seconds between polls while the bucket is unreadable as
+            configured.
+        report: called with (error, what) for every error of a poll, which is then not raised
+            (a long-lived replica); None: errors propagate (tests, benches, one-shot catch-ups).
+        subscriber_kw: ``DeltaSubscriber`` arguments when ``source`` is not one.
+
+    Attributes:
+        newest_seen, newest_published_at: the manifest's newest version and its commit time
+            (unix s) at the last poll that read one.
+        refused: payloads refused or found gone, ``(kind, version, file digests) -> reason``.
+        stuck: why no verified path to the newest version exists (None when one does).
+        failed: the last poll ended in a reported error before anything verified.
+        lock: held by each poll (a reader's control route and its thread poll one at a time).
+    """
+
+    def __init__(
+        self,
+        source: Store | str | DeltaSubscriber,
+        held: HeldWeights | None = None,
+        poll_interval_s: float = 1.0,
+        max_poll_interval_s: float | None = None,
+        error_poll_interval_s: float = 30.0,
+        report: Report | None = None,
+        **subscriber_kw,
+    ):
+        if isinstance(source, DeltaSubscriber):
+            self.subscriber = source
+        else:
+            self.subscriber = DeltaSubscriber(source, **subscriber_kw)
+        self.store = self.subscriber.store
+        self.held = held if held is not None else HeldWeights()
+        if max_poll_interval_s is None:
+            max_poll_interval_s = poll_interval_s if self.local else 5.0
+        self.poll_interval_s = poll_interval_s
+        self.max_poll_interval_s = max(poll_interval_s, max_poll_interval_s)
+        self.error_poll_interval_s = max(poll_interval_s, error_poll_interval_s)
+        self.delay_s = poll_interval_s
+        self.report = report
+        self.newest_seen: int | None = None
+        self.newest_published_at: float | None = None
+        self.refused: dict[tuple, str] = {}
+        self.stuck: str | None = None
+        self.failed = False
+        self.lock = threading.RLock()
+
+    @property
+    def local(self) -> bool:
+        """A folder or ``memory://`` store (polls cost no API request)."""
+        return self.store.is_local or self.store.uri.startswith("memory://")
+
+    def close(self) -> None:
+        self.subscriber.close()
+
+    # ----------------------------------------------------------------------------------- polls
+    def poll(self, target: int | None = None) -> Pulled | None:
+        """One poll: bring ``held`` to ``target`` (default: the newest version) as far as it
+        verifies. Sets ``delay_s`` for the next poll.
+
+        Returns:
+            the verified steps, or None when ``held`` already is at the target, the run has no
+            version yet, nothing verified, or (with ``report``) the poll failed (``failed``).
+
+        Raises (only without ``report``):
+            StoreAccessError: the bucket cannot be read as configured.
+            ManifestError, StoreError: the manifest is invalid or the store kept failing.
+            DeltaCorruptError, BaseVersionMismatch, ModelMismatchError, StoreNotFoundError: a
+                step was refused (remembered in ``refused``; ``held`` stays at the last step that
+                verified).
+        """
+        with self.lock:
+            self.failed = False
+            try:
+                manifest = self.subscriber.read_manifest()
+            except StoreAccessError as e:
+                self.delay_s = self.error_poll_interval_s
+                return self._fail(e, "bucket unreadable; retrying slowly")
+            except (ManifestError, StoreError) as e:
+                self._backoff()
+                return self._fail(e, "")
+            if manifest is None or manifest.latest is None:
+                self._backoff()
+                return None
+            if manifest.latest.version != self.newest_seen:
+                self.delay_s = self.poll_interval_s  # something moved: poll at the fastest
+            else:
+                self._backoff()
+            self.newest_seen = manifest.latest.version
+            self.newest_published_at = manifest.latest.created_at
+            plan = self._plan(manifest, target)
+            if plan is None or not plan.steps:
+                return None
+            return self._pull(manifest, plan)
+
+    def follow(
+        self, stop: threading.Event, wake: threading.Event | None = None
+    ) -> Iterator[Pulled | None]:
+        """Poll until ``stop`` is set: yields each poll's result, then waits ``delay_s`` (or
+        until ``wake`` is set). The poll's ``lock`` is held while the caller handles the result,
+        so a reader can serve a pull before anyone polls again."""
+        while not stop.is_set():
+            with self.lock:
+                yield self.poll()
+            (wake or stop).wait(self.delay_s)
+            if wake is not None:
+                wake.clear()
+
+    def _backoff(self) -> None:
+        self.delay_s = min(max(self.delay_s, self.poll_interval_s) * 2, self.max_poll_interval_s)
+
+    def _fail(self, exc: BaseException, what: str) -> None:
+        if self.report is None:
+            raise exc
+        self.failed = True
+        self.report(exc, what)
+        return None
+
+    @staticmethod
+    def _key(step: PlanStep) -> tuple:
+        return (step.kind, step.version, tuple(f.digest for f in step.files))
+
+    def _plan(self, manifest: Manifest, target: int | None) -> SyncPlan | None:
+        """The plan from what is held, or a re-anchor when that path uses a refused payload."""
+        self.stuck = None
+        for held in dict.fromkeys([self.held.version, None]):
+            try:
+                plan = self.subscriber.plan(held, manifest, target)
+            except ManifestError as e:
+                self._fail(e, "")
+                continue
+            bad = [s for s in plan.steps if self._key(s) in self.refused]
+            if not bad:
+                return plan
+            log.info(
+                "plan v%s->v%s uses refused %s v%d; trying a re-anchor",
+                held, plan.to_version, bad[0].kind, bad[0].version,
+            )  # fmt: skip
+        self.stuck = (
+            f"no verified path to v{manifest.latest.version}; holding v{self.held.version} "
+            "until a newer anchor is published"
+        )
+        log.warning(self.stuck)
+        return None
+
+    def _pull(self, manifest: Manifest, plan: SyncPlan) -> Pulled | None:
+        pulled = Pulled(manifest, plan)
+        for step in plan.steps:
+            try:
+                fetched = self.subscriber.fetch(step)
+                t0 = time.perf_counter()
+                out = self.subscriber.apply(fetched, self.held, manifest)
+            except REFUSED as e:
+                self.refused[self._key(step)] = f"{type(e).__name__}: {e}"
+                gone = isinstance(e, StoreNotFoundError)
+                what = "payload gone; re-planning next poll" if gone else "refused"
+                self._fail(e, f"{what} {step.kind} v{step.version}")
+                break
+            except StoreError as e:
+                self._fail(e, "store read failed; retrying next poll")
+                break
+            pulled.decode_s += time.perf_counter() - t0
+            pulled.fetch_s += fetched.fetch_s
+            pulled.steps.append(step)
+            pulled.applied.append(out)
+            pulled.sizes.append(fetched.nbytes)
+        self.failed = self.failed and not pulled.steps
+        return pulled if pulled.steps else None
