@@ -86,6 +86,12 @@ class ReplicaHeartbeat(_Strict):
     # so that a trainer can discover the fleet from the bucket; None: not announced.
     url: str | None = None
 
+    @classmethod
+    def empty(cls, replica_id: str, **fields) -> ReplicaHeartbeat:
+        """The heartbeat of a replica that holds no version yet (``fields`` override)."""
+        none = dict(held_version=None, newest_seen=None, lag_versions=None, lag_s=0.0)
+        return cls(**{"replica_id": replica_id, "status": "starting", **none, **fields})
+
 
 class StepMetrics(_Strict):
     """Metrics of one trainer step (None where not measured)."""

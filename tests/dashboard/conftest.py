@@ -88,15 +88,7 @@ class RunRecorder:
                 every,
                 Follower(self.store, fetch_threads=1),
                 {},
-                ReplicaHeartbeat(
-                    replica_id=rid,
-                    held_version=None,
-                    newest_seen=None,
-                    lag_versions=None,
-                    lag_s=0.0,
-                    status="starting",
-                    apply_path="cpu-dict",
-                ),
+                ReplicaHeartbeat.empty(rid, apply_path="cpu-dict"),
             )
             for rid, every in (replicas or {"r0": 1, "r1": 2}).items()
         }

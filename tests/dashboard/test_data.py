@@ -160,32 +160,14 @@ def test_memory_store_rereads_only_what_changed():
     uri = "memory://dash-test-reread"
     store = Store(uri)
     for rid in ("a", "b"):
-        write_heartbeat(
-            store,
-            ReplicaHeartbeat(
-                replica_id=rid,
-                held_version=None,
-                newest_seen=None,
-                lag_versions=None,
-                lag_s=0.0,
-                status="starting",
-            ),
-        )
+        write_heartbeat(store, ReplicaHeartbeat.empty(rid))
     reader = BucketReader(uri)
     snap = reader.read()
     assert snap.state == "waiting" and snap.stats.files_read == 2
     assert reader.read().stats.files_read == 0
     write_heartbeat(
         store,
-        ReplicaHeartbeat(
-            replica_id="b",
-            held_version=None,
-            newest_seen=None,
-            lag_versions=None,
-            lag_s=0.0,
-            status="error",
-            last_error="boom",
-        ),
+        ReplicaHeartbeat.empty("b", status="error", last_error="boom"),
     )
     snap = reader.read()
     assert snap.stats.files_read == 1
@@ -344,9 +326,7 @@ def test_status_shows_each_replicas_url_and_the_routers_counts(tmp_path):
 
     store = Store(str(tmp_path / "bucket"))
     for rid, url in (("a", "https://a.hf.space"), ("b", None)):
-        write_heartbeat(store, ReplicaHeartbeat(
-            replica_id=rid, held_version=None, newest_seen=None, lag_versions=None, lag_s=0.0,
-            status="starting", url=url, updated_at=time.time()))  # fmt: skip
+        write_heartbeat(store, ReplicaHeartbeat.empty(rid, url=url, updated_at=time.time()))
     fleet = [FleetMember(url="https://a.hf.space", replica_id="a", state="serving",
                          held_version=3, inflight=2, served=40, failed=1)]  # fmt: skip
     store.write_bytes(TRAINER_METRICS_PATH,

@@ -31,6 +31,15 @@ def make(trainer: Trainer, bucket: str, tmp_path, device="cpu", rid="r0"):
     return eng, loop
 
 
+def serving_v0(tiny_model_dir, bucket, tmp_path, device="cpu"):
+    """A trainer that published v0 and a loop that serves it."""
+    tr = Trainer(tiny_model_dir, bucket)
+    eng, loop = make(tr, bucket, tmp_path, device)
+    tr.publish()
+    loop.poll_once()
+    return tr, eng, loop
+
+
 def assert_exact(eng: FakeEngine, loop: SyncLoop, trainer: Trainer, version: int):
     assert loop.served_version == version and eng.version == str(version)
     want = trainer.versions[version]
@@ -70,10 +79,7 @@ def test_follows_each_version_bit_exact(tiny_model_dir, bucket, tmp_path, device
 
 
 def test_several_versions_behind_apply_in_one_pause(tiny_model_dir, bucket, tmp_path):
-    tr = Trainer(tiny_model_dir, bucket)
-    eng, loop = make(tr, bucket, tmp_path)
-    tr.publish()
-    loop.poll_once()
+    tr, eng, loop = serving_v0(tiny_model_dir, bucket, tmp_path)
     v = tr.publish_many(3)
     pauses = eng.pauses
     rec = loop.poll_once()
@@ -121,10 +127,7 @@ def test_corrupt_delta_is_refused_then_recovered_from_next_anchor(tiny_model_dir
 def test_failed_pause_is_retried(tiny_model_dir, bucket, tmp_path, newer):
     """A pause the engine refuses applies nothing; the verified version is served at the next
     poll, merged with a version published meanwhile (``newer``)."""
-    tr = Trainer(tiny_model_dir, bucket)
-    eng, loop = make(tr, bucket, tmp_path, device="cuda")  # in-place: sparse patches merged
-    tr.publish()
-    loop.poll_once()
+    tr, eng, loop = serving_v0(tiny_model_dir, bucket, tmp_path, "cuda")  # in-place: merged
     v = tr.publish_many(1)
     eng.fail_pause = 1
     assert loop.poll_once() is None
@@ -180,10 +183,7 @@ def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
 
 
 def test_failed_apply_stays_paused_until_full_reload(tiny_model_dir, bucket, tmp_path):
-    tr = Trainer(tiny_model_dir, bucket)
-    eng, loop = make(tr, bucket, tmp_path)
-    tr.publish()
-    loop.poll_once()
+    tr, eng, loop = serving_v0(tiny_model_dir, bucket, tmp_path)
     v = tr.publish_many(1)
     eng.fail_next = 2  # the apply and the first full reload fail
     assert loop.poll_once() is None
