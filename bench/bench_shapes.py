@@ -18,7 +18,6 @@ threads. Results: bench/results/shapes.json (figures per the whole model).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -26,6 +25,7 @@ import time
 
 import numpy as np
 import torch
+from report import save
 
 from deltasync import codec
 from deltasync.bf16 import to_bf16_bits
@@ -235,9 +235,7 @@ def main() -> None:
                 f"{gr['patch_in_place_s']:.3f} s"
             )
         print(line, flush=True)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    save(a.out, res)
 
 
 if __name__ == "__main__":
