@@ -18,6 +18,8 @@ import numpy as np
 import xxhash
 
 from . import deltafile
+from .bf16 import bytes_digest
+from .deltafile import PartLabel
 from .errors import ConcurrentWriterError, ManifestError, StoreNotFoundError
 from .lease import LeaseKeeper
 from .manifest import (
@@ -45,7 +47,7 @@ class PayloadWriter:
         store: the run's store.
         run_id: recorded in every part's metadata.
         part_bytes: size cap of one part file in bytes (larger payloads are split).
-        threads: parts hashed in parallel.
+        threads: anchor part files hashed in parallel.
 
     Attributes:
         pending_deletes: payload paths dropped by a committed manifest, deleted with the next
@@ -85,74 +87,72 @@ class PayloadWriter:
         Raises:
             The store's errors; temporary files are removed either way.
         """
-        tmps: list[str] = []
+        items: list[tuple[str, bytes | Path]] = []
+        tmp: list[str] = []  # the temp folder of anchor parts for a remote store, once made
         try:
-            delta_paths, anchor_paths = [], []
+            delta = anchor_payload = None
             if blobs is not None:
                 groups = deltafile.split_parts(
                     [(n, len(b)) for n, b in blobs.items()], self.part_bytes
                 )
+                delta = Payload(files=[])
                 for i, names in enumerate(groups):
-                    rel = f"{delta_dir(version)}/{part_name(i)}"
-                    local = self._stage(rel, tmps)
-                    deltafile.write_delta_part(
-                        local, {n: blobs[n] for n in names}, shapes, digests,
-                        {n: changed[n] for n in names}, version, base_version, self.run_id, i,
-                        len(groups),
+                    data = deltafile.delta_part(
+                        PartLabel(version, base_version, self.run_id, i, len(groups)),
+                        {n: blobs[n] for n in names}, shapes, digests,
+                        {n: changed[n] for n in names},
                     )  # fmt: skip
-                    delta_paths.append((local, rel))
+                    rel = f"{delta_dir(version)}/{part_name(i)}"
+                    delta.files.append(self._put(rel, data, items))
             if anchor is not None:
                 names = sorted(anchor)
                 groups = deltafile.split_parts(
                     [(n, anchor[n].nbytes) for n in names], self.part_bytes
                 )
+                files = []
                 for i, group in enumerate(groups):
                     rel = f"{anchor_dir(version)}/{part_name(i)}"
-                    local = self._stage(rel, tmps)
+                    local = self._anchor_path(rel, items, tmp)
                     deltafile.write_anchor_part(
-                        local, {n: anchor[n] for n in group}, digests, version, self.run_id, i,
-                        len(groups),
+                        local, PartLabel(version, None, self.run_id, i, len(groups)),
+                        {n: anchor[n] for n in group}, digests,
                     )  # fmt: skip
-                    anchor_paths.append((local, rel))
-            refs = self._upload(delta_paths + anchor_paths)
+                    files.append((local, rel))
+                anchor_payload = Payload(files=list(self._pool.map(_file_ref, files)))
+            deletes = list(self.pending_deletes)
+            self.store.write_many(items, delete=deletes)
+            del self.pending_deletes[: len(deletes)]  # kept on failure: orphans for the next writer
         finally:
-            for t in tmps:
+            for t in tmp:
                 shutil.rmtree(t, ignore_errors=True)
-        delta = Payload(files=refs[: len(delta_paths)]) if blobs is not None else None
-        anchor_payload = Payload(files=refs[len(delta_paths) :]) if anchor_paths else None
         return delta, anchor_payload
 
-    def _stage(self, rel: str, tmps: list[str]) -> str:
-        """Local path to write ``rel`` to: in place on a local store, else in a temp dir
-        (appended to ``tmps``, for the caller to remove)."""
+    def _put(self, rel: str, data: bytes, items: list) -> FileRef:
+        """A delta part: written in place on a local store (atomically), else added to the batch
+        as bytes (no temp file). Its FileRef is taken from the bytes in memory."""
+        local = self.store.local_path(rel)
+        if local is None:
+            items.append((rel, data))
+        else:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            tmp = f"{local}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, local)
+        return FileRef(path=rel, bytes=len(data), digest=bytes_digest(data))
+
+    def _anchor_path(self, rel: str, items: list, tmp: list[str]) -> str:
+        """Where an anchor part is written: in place on a local store, else a file in a temp
+        folder that the batch uploads (added to ``items``)."""
         local = self.store.local_path(rel)
         if local is not None:
             os.makedirs(os.path.dirname(local), exist_ok=True)
             return local
-        tmp = tempfile.mkdtemp(prefix="deltasync-")
-        tmps.append(tmp)
-        return os.path.join(tmp, os.path.basename(rel))
-
-    def _upload(self, paths: list[tuple[str, str]]) -> list[FileRef]:
-        """(local, rel) pairs -> FileRefs (digests in parallel). Uploads the files that are not
-        already in place in ONE ``Store.write_many``, which also carries the pending retention
-        deletes (their manifest is committed), so a version's payload costs one batch."""
-
-        def one(lr):
-            local, rel = lr
-            size = os.path.getsize(local)
-            with open(local, "rb") as f:
-                h = xxhash.xxh3_64()
-                for chunk in iter(lambda: f.read(1 << 24), b""):
-                    h.update(chunk)
-            return FileRef(path=rel, bytes=size, digest=h.hexdigest())
-
-        refs = list(self._pool.map(one, paths))
-        remote = [(rel, Path(local)) for local, rel in paths if self.store.local_path(rel) is None]
-        deletes = list(self.pending_deletes)
-        self.store.write_many(remote, delete=deletes)
-        del self.pending_deletes[: len(deletes)]  # kept on failure: orphans for the next writer
-        return refs
+        if not tmp:
+            tmp.append(tempfile.mkdtemp(prefix="deltasync-"))
+        path = os.path.join(tmp[0], rel.replace("/", "_"))
+        items.append((rel, Path(path)))
+        return path
 
     def remove_orphans(self, manifest: Manifest | None) -> None:
         """Delete payload files no manifest names (left by a writer that died before its
@@ -233,3 +233,14 @@ def commit_manifest(
     if renew:
         lease.renewed()
     return manifest, [v for v in versions if v not in kept]
+
+
+def _file_ref(local_rel: tuple[str, str]) -> FileRef:
+    """The FileRef of a written file: its size and xxh3-64, read back from the page cache (for
+    an anchor part that is faster than serializing it in memory first; docs/BENCHMARKS.md)."""
+    local, rel = local_rel
+    h = xxhash.xxh3_64()
+    with open(local, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return FileRef(path=rel, bytes=os.path.getsize(local), digest=h.hexdigest())
