@@ -1,4 +1,5 @@
-"""Fixtures of the deploy tests: a recording fake of huggingface_hub's HfApi and a fake clock.
+"""Fixtures of the deploy tests: a recording fake of huggingface_hub's HfApi, a fake clock, and
+each Space's image built under tmp_path (``image``, see dockerfile_image.py).
 
 No test here touches the network: the deployer gets the fake injected, and its waits run on the
 fake clock.
@@ -112,5 +113,16 @@ def make_deployer(tmp_path, clock):
         kw.setdefault("state_dir", str(tmp_path / "state"))
         cfg = DeployConfig(**kw)
         return Deployer(cfg, api=api, out=out, sleep=clock.sleep, clock=clock.monotonic)
+
+    return make
+
+
+@pytest.fixture
+def image(tmp_path):
+    # imported here: dockerfile_image imports REPO_ROOT from this module
+    from .dockerfile_image import Image, build_image, dockerfile
+
+    def make(key: str) -> Image:
+        return build_image(dockerfile(key), str(tmp_path / "image"))
 
     return make
