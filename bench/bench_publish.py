@@ -28,8 +28,9 @@ import numpy as np
 import torch
 from report import save
 
+from deltasync.follow import Follower
 from deltasync.publisher import DeltaPublisher, PublisherConfig
-from deltasync.subscriber import DeltaSubscriber, HeldWeights
+from deltasync.subscriber import DeltaSubscriber
 
 
 def tokens(n: int, seed: int) -> torch.Tensor:
@@ -40,13 +41,12 @@ def tokens(n: int, seed: int) -> torch.Tensor:
 
 
 def follower(uri: str, applied, stop, poll_s: float) -> None:
-    """A replica's subscriber in its own process (a replica is another machine): follows the
+    """A replica's follow loop in its own process (a replica is another machine): follows the
     bucket into a CPU HeldWeights copy and records when each version is applied."""
-    sub, held = DeltaSubscriber(uri), HeldWeights()
-    while not stop.is_set():
-        for step, _ in sub.sync(held):
+    follower = Follower(uri, poll_interval_s=poll_s, max_poll_interval_s=poll_s)
+    for pulled in follower.follow(stop):
+        for step in pulled.steps if pulled else []:
             applied[step.version] = time.time()
-        stop.wait(poll_s)
 
 
 def main() -> None:
