@@ -61,10 +61,6 @@ class SyncPlan:
     def bytes(self) -> int:
         return sum(s.bytes for s in self.steps)
 
-    @property
-    def reanchor(self) -> bool:
-        return bool(self.steps) and self.steps[0].kind == "anchor"
-
 
 @dataclass
 class Patch:
@@ -95,12 +91,6 @@ class Patch:
             raise ValueError(f"{self.name}: a patch without old_values has no sum delta")
         new = self.values.view(np.int16).astype(np.int64).sum()
         return int(new - self.old_values.view(np.int16).astype(np.int64).sum())
-
-    def values_torch(self):
-        """``values`` as a torch.bfloat16 tensor (imports torch)."""
-        from .bf16 import from_bf16_bits
-
-        return from_bf16_bits(self.values)
 
 
 @dataclass
