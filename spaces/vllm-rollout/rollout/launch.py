@@ -5,8 +5,8 @@ Starts vLLM's OpenAI server as a child process on 127.0.0.1 (dev mode on, with t
 serves the public front (``rollout.server``) on ``PORT``. When vLLM exits, the front exits too
 (the Space restarts, and the new replica re-anchors from the bucket).
 
-Also usable from Python: ``start_vllm`` (one internal server, e.g. for tests) and
-``LocalReplica`` (a whole replica as a subprocess, e.g. next to a local trainer).
+Also usable from Python: ``start_vllm`` (one internal server, e.g. for tests). A whole replica as
+a subprocess is ``trainer.local_stack`` (``python -m rollout.launch`` with its environment).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import httpx
 
@@ -221,83 +220,3 @@ def main() -> None:
         stop_process(proc)
     if proc.returncode not in (0, -15, None):
         sys.exit(1)
-
-
-@dataclass
-class LocalReplica:
-    """A whole replica (``python -m rollout.launch``) as a local subprocess.
-
-    Use :meth:`start`; ``url`` is the front (OpenAI API at ``url + "/v1"``); :meth:`held_version`
-    reads the applied version from ``GET /health``; :meth:`stop` terminates it.
-    """
-
-    proc: subprocess.Popen
-    url: str
-    log_path: str
-
-    @classmethod
-    def start(
-        cls,
-        store_uri: str,
-        model: str,
-        port: int,
-        vllm_port: int,
-        log_path: str,
-        replica_id: str = "local",
-        control_token: str | None = None,
-        poll_interval_s: float = 1.0,
-        max_model_len: int = 2048,
-        extra_env: Mapping[str, str] | None = None,
-        timeout_s: float = 300.0,
-    ) -> LocalReplica:
-        """Launch a replica of ``model`` following ``store_uri`` and wait until its front and
-        vLLM are healthy (not until it has synced: poll :meth:`held_version` for that).
-
-        Raises:
-            RuntimeError: it exited or did not become healthy within ``timeout_s``.
-        """
-        env = dict(os.environ)
-        env.update(
-            DELTASYNC_STORE=store_uri, MODEL=model, PORT=str(port), HOST="127.0.0.1",
-            VLLM_PORT=str(vllm_port), REPLICA_ID=replica_id, POLL_INTERVAL_S=str(poll_interval_s),
-            MAX_MODEL_LEN=str(max_model_len),
-        )  # fmt: skip
-        if control_token:
-            env["CONTROL_TOKEN"] = control_token
-        if os.path.isdir(model):
-            env.setdefault("HF_HUB_OFFLINE", "1")
-        env.update(extra_env or {})
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (SPACE_DIR, env.get("PYTHONPATH")) if p)
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "rollout.launch"],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=SPACE_DIR,
-            )  # fmt: skip
-        rep = cls(proc, f"http://127.0.0.1:{port}", log_path)
-        try:
-            wait_healthy(rep.url, proc, timeout_s, f"; log: {log_path}")
-        except RuntimeError:
-            stop_process(proc)
-            raise
-        return rep
-
-    def held_version(self) -> int | None:
-        """The version the replica serves (None before its first sync)."""
-        return httpx.get(f"{self.url}/health", timeout=5).json()["held_version"]
-
-    def wait_for_version(self, version: int, timeout_s: float = 60.0) -> None:
-        """Block until the replica serves ``version`` or newer. Raises TimeoutError."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            v = self.held_version()
-            if v is not None and v >= version:
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"replica at {self.url} did not reach v{version} in {timeout_s}s")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-
-
-if __name__ == "__main__":
-    main()
