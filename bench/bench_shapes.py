@@ -147,7 +147,7 @@ def replica_apply(base, new, threads, count) -> dict[str, float]:
             manifest = sub.read_manifest()
             anchor, delta = sub.plan(None, manifest).steps
             held = HeldWeights()
-            sub.apply(sub.fetch(anchor), held, manifest)
+            sub.decode_into(sub.fetch(anchor), held, manifest)
             fetched = sub.fetch(delta)
             best = float("inf")
             for _ in range(2):  # undo and repeat; keep the best of two

@@ -5,7 +5,7 @@ A :class:`Follower` keeps a :class:`HeldWeights` on the newest version it can ve
 1. read the manifest (a conditional read: an unchanged manifest costs one 304 on hf://);
 2. plan from the held version to the newest, around payloads it refused before (re-anchoring once
    a newer anchor exists);
-3. fetch and verify each step into ``held`` (``DeltaSubscriber.fetch`` + ``apply``), stopping at
+3. fetch and verify each step into ``held`` (``DeltaSubscriber.fetch`` + ``decode_into``), stopping at
    the first step that is refused; the verified steps come back as one :class:`Pulled`.
 
 What a reader does with a :class:`Pulled` (apply it to vLLM inside a pause, to a dict, nothing) is
@@ -279,7 +279,7 @@ class Follower:
             try:
                 fetched = self.subscriber.fetch(step)
                 t0 = time.perf_counter()
-                out = self.subscriber.apply(fetched, self.held, manifest)
+                out = self.subscriber.decode_into(fetched, self.held, manifest)
             except REFUSED as e:
                 self.refused[self._key(step)] = f"{type(e).__name__}: {e}"
                 gone = isinstance(e, StoreNotFoundError)

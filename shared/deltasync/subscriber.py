@@ -274,7 +274,7 @@ class DeltaSubscriber:
             nbytes += n
         return Fetched(step, tensors, nbytes, time.perf_counter() - t0)
 
-    def apply(self, fetched: Fetched, held: HeldWeights, manifest: Manifest | None = None):
+    def decode_into(self, fetched: Fetched, held: HeldWeights, manifest: Manifest | None = None):
         """Decode and verify a fetched step against ``held``, then update ``held`` in place.
 
         Nothing in ``held`` changes unless every tensor of the step verified.

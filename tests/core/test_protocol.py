@@ -218,7 +218,7 @@ def test_corrupt_file_and_wrong_base_never_apply(store_uri, trainer):
     before = {n: a.copy() for n, a in held.tensors.items()}
     # wrong base: the second delta on the version-0 weights
     with pytest.raises(BaseVersionMismatch, match="holds v0"):
-        sub.apply(sub.fetch(second), held, m)
+        sub.decode_into(sub.fetch(second), held, m)
     # a flipped byte in the payload: the file digest catches it
     store = Store(store_uri)
     path = first.files[0].path
@@ -232,7 +232,7 @@ def test_corrupt_file_and_wrong_base_never_apply(store_uri, trainer):
     name = next(iter(held.tensors))
     held.tensors[name].reshape(-1)[0] ^= 1
     with pytest.raises(DeltaCorruptError, match="digest"):
-        sub.apply(sub.fetch(first), held, m)
+        sub.decode_into(sub.fetch(first), held, m)
     held.tensors[name].reshape(-1)[0] ^= 1
     assert held.version == 0 and equal(held, before)  # nothing applied by the failures
     sub.sync(held)

@@ -231,16 +231,16 @@ def test_parallel_decode_is_all_or_nothing(tmp_path):
     manifest = sub.read_manifest()
     plan = sub.plan(None, manifest)
     for step in plan.steps[:-1]:
-        sub.apply(sub.fetch(step), many, manifest)
+        sub.decode_into(sub.fetch(step), many, manifest)
     before = {n: a.copy() for n, a in many.tensors.items()}
     last = sub.fetch(plan.steps[-1])
     victim = sorted(last.tensors)[-1]
     good = last.tensors[victim]
     last.tensors[victim] = type(good)(**{**vars(good), "digest": "0" * 16})
     with pytest.raises(DeltaCorruptError, match=victim):
-        sub.apply(last, many, manifest)
+        sub.decode_into(last, many, manifest)
     assert all(np.array_equal(before[n], a) for n, a in many.tensors.items())
     last.tensors[victim] = good
-    sub.apply(last, many, manifest)
+    sub.decode_into(last, many, manifest)
     assert many.version == one.version == 3
     assert all(np.array_equal(one.tensors[n], a) for n, a in many.tensors.items())
