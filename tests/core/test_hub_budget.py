@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -288,13 +287,11 @@ METRICS_EVERY_S = 30.0
 
 
 def _fleet(hub, tmp_path, minutes=5.0, publish_every_s=10.0, replicas=8):
-    for p in (str(REPO / "spaces" / "vllm-rollout"), str(REPO / "tests" / "rollout")):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    rollout_helpers = pytest.importorskip("rollout_helpers")
     from dashboard.data import BucketReader
     from deltasync.publisher import DeltaPublisher, PublisherConfig
     from rollout.sync_loop import SyncLoop
+
+    from ..rollout import rollout_helpers
 
     t = [0.0]
     clock = lambda: t[0]  # noqa: E731

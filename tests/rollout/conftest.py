@@ -11,19 +11,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SPACE_DIR = REPO / "spaces" / "vllm-rollout"
-for p in (str(SPACE_DIR), str(Path(__file__).parent)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
+SPACE_DIR = Path(__file__).resolve().parents[2] / "spaces" / "vllm-rollout"
 STARTUP_TIMEOUT_S = 420.0
 
 

@@ -20,9 +20,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import uvicorn
-from conftest import free_port
 
 from rollout.server import V1_ROUTES, create_app
+
+from .conftest import free_port
 
 SECRET_ROOT = "/home/owner/private/models/tiny"
 API_KEY = "k-test-123"

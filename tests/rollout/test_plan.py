@@ -148,7 +148,7 @@ def test_front_and_sync_loop_import_neither_torch_nor_vllm():
     import subprocess
     import sys
 
-    from conftest import SPACE_DIR
+    from .conftest import SPACE_DIR
 
     code = (
         "import sys; import rollout.launch, rollout.server, rollout.sync_loop, rollout.extension; "

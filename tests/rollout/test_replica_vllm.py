@@ -23,7 +23,6 @@ import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from rollout_helpers import PROMPTS, Trainer, corrupt_payload, generate
 
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import heartbeat_path
@@ -31,6 +30,8 @@ from rollout.engine import EngineControlError
 from rollout.server import create_app
 from rollout.stage import write_stage
 from rollout.sync_loop import SyncLoop
+
+from .rollout_helpers import PROMPTS, Trainer, corrupt_payload, generate
 
 pytestmark = pytest.mark.slow
 

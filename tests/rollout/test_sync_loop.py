@@ -10,12 +10,13 @@ import json
 
 import numpy as np
 import pytest
-from rollout_helpers import FakeEngine, Trainer, corrupt_payload
 
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import heartbeat_path
 from deltasync.store import Store
 from rollout.sync_loop import SyncLoop
+
+from .rollout_helpers import FakeEngine, Trainer, corrupt_payload
 
 
 @pytest.fixture

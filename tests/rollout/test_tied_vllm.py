@@ -12,8 +12,9 @@ import importlib.util
 import os
 
 import pytest
-from conftest import STARTUP_TIMEOUT_S, free_port
-from rollout_helpers import PROMPTS, Trainer, generate
+
+from .conftest import STARTUP_TIMEOUT_S, free_port
+from .rollout_helpers import PROMPTS, Trainer, generate
 
 pytestmark = pytest.mark.slow
 

@@ -220,3 +220,7 @@ def main() -> None:
         stop_process(proc)
     if proc.returncode not in (0, -15, None):
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
