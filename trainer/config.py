@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from urllib.parse import urlparse
 
@@ -87,15 +89,15 @@ class TrainConfig:
             ``ROLLOUT_API_KEY``, never logged.
     """
 
-    bucket: str | None = None
-    run_id: str = "wordle-local"
-    model: str | None = None
-    vllm_url: str | None = None
+    bucket: str | None = field(default=None, metadata={"env": "BUCKET"})
+    run_id: str = field(default="wordle-local", metadata={"env": "RUN_ID"})
+    model: str | None = field(default=None, metadata={"env": "MODEL"})
+    vllm_url: str | None = field(default=None, metadata={"env": "VLLM_URL"})
     fleet_wait_s: float = 900.0
     fleet_health_interval_s: float = 5.0
     fleet_discover_interval_s: float = 60.0
-    env_url: str | None = None
-    max_steps: int = 30
+    env_url: str | None = field(default=None, metadata={"env": "ENV_URL"})
+    max_steps: int = field(default=30, metadata={"env": "STEPS"})
     learning_rate: float | None = None
     num_generations: int = 8
     per_device_train_batch_size: int = 16
@@ -123,8 +125,10 @@ class TrainConfig:
     takeover: bool = False
     seed: int = 0
     runs_root: str = "runs"
-    hf_token: str | None = field(default=None, repr=False)
-    rollout_api_key: str | None = field(default=None, repr=False)
+    hf_token: str | None = field(default=None, repr=False, metadata={"env": "HF_TOKEN"})
+    rollout_api_key: str | None = field(
+        default=None, repr=False, metadata={"env": "ROLLOUT_API_KEY"}
+    )
 
     @property
     def local(self) -> bool:
@@ -170,9 +174,6 @@ def space_headers(url: str, hf_token: str | None) -> dict[str, str]:
     return {}
 
 
-_OPTIONAL_NUMBERS = {"learning_rate": float, "max_inflight_tasks": int, "queue_maxsize": int}
-
-
 def _parse_bool(s: str) -> bool:
     if s.lower() in ("1", "true", "yes", "on"):
         return True
@@ -181,33 +182,50 @@ def _parse_bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, found {s!r}")
 
 
+def _kind(hint) -> Callable[[str], object]:
+    """The parser of a flag or variable for a field of type ``hint`` (``X | None``: ``X``'s)."""
+    optional = typing.get_args(hint)  # (X, NoneType) for ``X | None``
+    hint = optional[0] if optional else hint
+    return _parse_bool if hint is bool else hint
+
+
 def from_args(argv: list[str] | None = None) -> TrainConfig:
-    """Build the config from command-line flags (``--max-steps 30``), falling back to the
-    environment variables the Makefile passes (``BUCKET``, ``MODEL``, ``VLLM_URL``, ``ENV_URL``,
-    ``RUN_ID``, ``STEPS``) and ``HF_TOKEN``."""
+    """Build the config from command-line flags (``--max-steps 30``, one per field), falling back
+    to the environment variables the fields declare (``metadata={"env": ...}``), which the
+    Makefile passes: ``BUCKET`` (bucket), ``MODEL`` (model), ``VLLM_URL`` (vllm_url), ``ENV_URL``
+    (env_url), ``RUN_ID`` (run_id), ``STEPS`` (max_steps); then to the fields' defaults. Secrets
+    (``repr=False``: ``HF_TOKEN`` -> hf_token, ``ROLLOUT_API_KEY`` -> rollout_api_key) come from
+    the environment only. With a bucket and no run id, the run id is the bucket's last path part.
+
+    Raises:
+        SystemExit: (code 2, from argparse) a flag or a variable whose value does not parse.
+    """
     p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
-    env_defaults = {
-        "bucket": os.environ.get("BUCKET") or None,
-        "model": os.environ.get("MODEL") or None,
-        "vllm_url": os.environ.get("VLLM_URL") or None,
-        "env_url": os.environ.get("ENV_URL") or None,
-        "run_id": os.environ.get("RUN_ID") or None,
-        "max_steps": int(os.environ["STEPS"]) if os.environ.get("STEPS") else None,
-    }
+    kinds = {name: _kind(hint) for name, hint in typing.get_type_hints(TrainConfig).items()}
     for f in fields(TrainConfig):
-        if f.name in ("hf_token", "rollout_api_key"):
-            continue
-        kind = {bool: _parse_bool, int: int, float: float}.get(type(f.default), str)
-        if f.name in _OPTIONAL_NUMBERS:
-            kind = _OPTIONAL_NUMBERS[f.name]
-        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None)
+        if f.repr:  # a secret has no flag: command lines are visible to every local user
+            var = f"${f.metadata['env']}, else " if "env" in f.metadata else ""
+            p.add_argument(
+                "--" + f.name.replace("_", "-"),
+                type=kinds[f.name],
+                default=None,  # not given: the variable, else the field's default
+                help=f"default: {var}{f.default}",
+            )
     ns = p.parse_args(argv)
-    kw = {k: v for k, v in env_defaults.items() if v is not None}
+    kw = {}
+    for f in fields(TrainConfig):
+        var = f.metadata.get("env")
+        raw = os.environ.get(var, "") if var else ""
+        if raw.strip():
+            try:
+                kw[f.name] = kinds[f.name](raw)
+            except (ValueError, argparse.ArgumentTypeError):
+                what = {int: "an integer", float: "a number", _parse_bool: "true/false"}
+                p.error(
+                    f"{var}: expected {what.get(kinds[f.name], 'a string')}, found {raw!r}; "
+                    f"fix it, or unset it for the default ({f.default!r})"
+                )
     kw.update({k: v for k, v in vars(ns).items() if v is not None})
     if kw.get("bucket") and "run_id" not in kw:
         kw["run_id"] = kw["bucket"].rstrip("/").split("/")[-1]
-    return TrainConfig(
-        hf_token=os.environ.get("HF_TOKEN") or None,
-        rollout_api_key=os.environ.get("ROLLOUT_API_KEY") or None,
-        **kw,
-    )
+    return TrainConfig(**kw)

@@ -6,6 +6,7 @@ variable, the accepted range and the value found.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 
@@ -70,3 +71,37 @@ def test_web_and_mcp_switches(config_module: ModuleType) -> None:
     assert not load({"WORDLE_ENABLE_WEB": "0", "ENABLE_WEB_INTERFACE": "true"}).web_interface
     assert load({"WORDLE_ENABLE_MCP": "yes"}).mcp
     assert load({"WORDLE_MAX_UI_CONNECTIONS": "3"}).max_ui_connections == 3
+
+
+def _declared(config_module: ModuleType) -> list[tuple[dataclasses.Field, str]]:
+    """Each (field, variable) that ``WordleServerConfig`` declares, fallbacks included."""
+    return [
+        (f, name)
+        for f in dataclasses.fields(config_module.WordleServerConfig)
+        for name in f.metadata["env"]
+    ]
+
+
+def _sample(f: dataclasses.Field) -> tuple[str, object]:
+    """A valid value for ``f`` other than its default: (the variable's text, the value)."""
+    if isinstance(f.default, bool):
+        return str(not f.default).lower(), not f.default
+    if f.metadata["within"]:
+        high = f.metadata["within"][1]
+        return str(high), type(f.default)(high)
+    if f.metadata["choices"]:
+        return f.metadata["choices"][0].upper(), f.metadata["choices"][0]
+    return f"x-{f.name}", f"x-{f.name}"
+
+
+def test_each_declared_variable_is_read_and_blank_keeps_the_default(
+    config_module: ModuleType,
+) -> None:
+    declared = _declared(config_module)
+    assert {f.name for f, _ in declared} == {
+        f.name for f in dataclasses.fields(config_module.WordleServerConfig)
+    }
+    for f, name in declared:
+        text, value = _sample(f)
+        assert getattr(config_module.load_config({name: text}), f.name) == value, name
+        assert getattr(config_module.load_config({name: " "}), f.name) == f.default, name

@@ -4,29 +4,50 @@ from __future__ import annotations
 
 import argparse
 import os
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 
 
 @dataclass
 class DashboardConfig:
-    """Settings of the dashboard process.
+    """Settings of the dashboard process. Each declares, next to its default, the Space variable
+    that feeds it (``metadata["env"]``) and the help of its flag (``--refresh-s`` for
+    ``refresh_s``); see ``parse_config``.
 
     Attributes:
         bucket: the run root URI (folder, ``file://``, ``memory://``, ``hf://buckets/...``,
-            ``s3://``).
+            ``s3://``); ``BUCKET``.
         refresh_s: seconds between polls of the page (``gr.Timer``); the bucket itself is read
-            less often while nothing changes.
-        stalled_after_s: seconds after which a replica's heartbeat counts as STALLED.
-        host: interface to serve on ("0.0.0.0" on a Space).
-        port: TCP port.
+            less often while nothing changes. ``REFRESH_S``.
+        stalled_after_s: seconds after which a replica's heartbeat counts as STALLED;
+            ``STALLED_AFTER_S``.
+        host: interface to serve on ("0.0.0.0" on a Space); ``GRADIO_SERVER_NAME``.
+        port: TCP port; ``PORT``.
     """
 
-    bucket: str
-    refresh_s: float = 2.0
-    stalled_after_s: float = 30.0
-    host: str = "127.0.0.1"
-    port: int = 7860
+    bucket: str = field(
+        metadata={
+            "env": "BUCKET",
+            "help": "run root URI: a folder, file://, memory://, "
+            "hf://buckets/<owner>/<name>[/prefix], s3://...",
+        }
+    )
+    refresh_s: float = field(
+        default=2.0, metadata={"env": "REFRESH_S", "help": "seconds between refreshes"}
+    )
+    stalled_after_s: float = field(
+        default=30.0,
+        metadata={
+            "env": "STALLED_AFTER_S",
+            "help": "flag a replica STALLED when its heartbeat is older than this many seconds",
+        },
+    )
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"env": "GRADIO_SERVER_NAME", "help": "interface (0.0.0.0 to serve the LAN)"},
+    )
+    port: int = field(default=7860, metadata={"env": "PORT", "help": "TCP port"})
 
     def __post_init__(self):
         if not self.bucket:
@@ -41,11 +62,13 @@ class DashboardConfig:
 def parse_config(
     argv: list[str] | None = None, env: Mapping[str, str] | None = None
 ) -> DashboardConfig:
-    """The settings from command-line flags, each defaulting to a Space variable.
+    """The settings from command-line flags, each defaulting to the Space variable its field
+    declares, else to the field's default.
 
-    Variables: ``BUCKET`` (required unless ``--bucket``), ``REFRESH_S``, ``STALLED_AFTER_S``,
-    ``GRADIO_SERVER_NAME`` (the interface; ``0.0.0.0`` in the Space's image, else 127.0.0.1) and
-    ``PORT`` (default 7860). ``HF_TOKEN`` is read by the store itself for private hf:// buckets.
+    Variables: ``BUCKET`` (required unless ``--bucket``), ``REFRESH_S`` (default 2),
+    ``STALLED_AFTER_S`` (30), ``GRADIO_SERVER_NAME`` (the interface; ``0.0.0.0`` in the Space's
+    image, else 127.0.0.1) and ``PORT`` (7860). ``HF_TOKEN`` is read by the store itself for
+    private hf:// buckets.
 
     Raises:
         SystemExit: (code 2, from argparse) no bucket, or a value that does not parse.
@@ -54,30 +77,22 @@ def parse_config(
     p = argparse.ArgumentParser(
         prog="python -m dashboard", description="Serve the sync-lag dashboard of one run."
     )
-    p.add_argument(
-        "--bucket",
-        default=env.get("BUCKET", ""),
-        help="run root URI: a folder, file://, memory://, hf://buckets/<owner>/<name>[/prefix], "
-        "s3://... (default: $BUCKET)",
-    )
-    p.add_argument("--port", type=int, default=int(env.get("PORT", "7860")), help="TCP port")
-    p.add_argument(
-        "--host",
-        default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-        help="interface (0.0.0.0 to serve the LAN; default $GRADIO_SERVER_NAME or 127.0.0.1)",
-    )
-    p.add_argument(
-        "--refresh-s",
-        type=float,
-        default=float(env.get("REFRESH_S", "2")),
-        help="seconds between refreshes (default $REFRESH_S or 2)",
-    )
-    p.add_argument(
-        "--stalled-after-s",
-        type=float,
-        default=float(env.get("STALLED_AFTER_S", "30")),
-        help="flag a replica STALLED when its heartbeat is older than this many seconds",
-    )
+    kinds = typing.get_type_hints(DashboardConfig)
+    for f in fields(DashboardConfig):
+        var, kind = f.metadata["env"], kinds[f.name]
+        declared = "" if f.default is MISSING else f.default  # "": required (the bucket)
+        shown = f"${var}, else {declared}" if declared != "" else f"${var}"
+        raw = env.get(var, "").strip()
+        try:
+            default = kind(raw) if raw else declared  # a set variable replaces the declared default
+        except ValueError:
+            p.error(f"{var}: expected a {kind.__name__}, found {raw!r}; fix it or unset it")
+        p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=kind,
+            default=default,
+            help=f"{f.metadata['help']} (default: {shown})",
+        )
     args = p.parse_args(argv)
     if not args.bucket:
         p.error(
@@ -85,12 +100,6 @@ def parse_config(
             "hf://buckets/<owner>/<name>, and HF_TOKEN as a secret if the bucket is private)"
         )
     try:
-        return DashboardConfig(
-            bucket=args.bucket,
-            refresh_s=args.refresh_s,
-            stalled_after_s=args.stalled_after_s,
-            host=args.host,
-            port=args.port,
-        )
+        return DashboardConfig(**vars(args))
     except ValueError as e:
         p.error(str(e))

@@ -20,6 +20,11 @@
 | ``VLLM_EXTRA_ARGS``       | ``vllm_extra_args``       | "" (split like a shell)          |
 | ``STAGE_DIR``             | ``stage_dir``             | /dev/shm/deltasync-stage-<uid>   |
 | ``STARTUP_TIMEOUT_S``     | ``startup_timeout_s``     | 1800                             |
+| ``ROLLOUT_PUBLIC_URL``    | ``public_url``            | ``https://$SPACE_HOST``, or none |
+
+Each field of ``RolloutConfig`` declares its variable once, next to its default
+(``metadata={"env": ...}``; a tuple lists fallbacks); ``from_env`` reads them by the field's type
+and keeps the default where a variable is unset or blank.
 
 ``HF_TOKEN`` (read access to an ``hf://buckets/...`` store) is read by huggingface_hub itself.
 Secrets are never logged: ``control_token`` and ``api_key`` are left out of the config's repr.
@@ -32,8 +37,9 @@ from __future__ import annotations
 import os
 import shlex
 import socket
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 from .stage import default_stage_dir
 
@@ -96,26 +102,30 @@ class RolloutConfig:
             announced (the trainer then needs its URL in ``VLLM_URL``).
     """
 
-    store_uri: str
-    model: str
-    replica_id: str = field(default_factory=lambda: socket.gethostname())
-    control_token: str | None = field(default=None, repr=False)
-    api_key: str | None = field(default=None, repr=False)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    poll_interval_s: float = 1.0
-    heartbeat_interval_s: float = 10.0
-    apply_path: str = "auto"
-    require_synced: bool = True
-    host: str = "0.0.0.0"
-    port: int = 7860
-    vllm_port: int = 8000
-    served_model_name: str | None = None
-    max_model_len: int = 4096
-    gpu_memory_utilization: float | None = None
-    vllm_extra_args: tuple[str, ...] = ()
-    stage_dir: str = field(default_factory=default_stage_dir)
-    startup_timeout_s: float = 1800.0
-    public_url: str | None = None
+    store_uri: str = field(metadata={"env": ("DELTASYNC_STORE", "BUCKET")})
+    model: str = field(metadata={"env": "MODEL"})
+    replica_id: str = field(
+        default_factory=lambda: socket.gethostname(), metadata={"env": "REPLICA_ID"}
+    )
+    control_token: str | None = field(default=None, repr=False, metadata={"env": "CONTROL_TOKEN"})
+    api_key: str | None = field(default=None, repr=False, metadata={"env": "ROLLOUT_API_KEY"})
+    max_body_bytes: int = field(default=DEFAULT_MAX_BODY_BYTES, metadata={"env": "MAX_BODY_BYTES"})
+    poll_interval_s: float = field(default=1.0, metadata={"env": "POLL_INTERVAL_S"})
+    heartbeat_interval_s: float = field(default=10.0, metadata={"env": "HEARTBEAT_INTERVAL_S"})
+    apply_path: str = field(default="auto", metadata={"env": "APPLY_PATH"})
+    require_synced: bool = field(default=True, metadata={"env": "REQUIRE_SYNCED"})
+    host: str = field(default="0.0.0.0", metadata={"env": "HOST"})
+    port: int = field(default=7860, metadata={"env": "PORT"})
+    vllm_port: int = field(default=8000, metadata={"env": "VLLM_PORT"})
+    served_model_name: str | None = field(default=None, metadata={"env": "SERVED_MODEL_NAME"})
+    max_model_len: int = field(default=4096, metadata={"env": "MAX_MODEL_LEN"})
+    gpu_memory_utilization: float | None = field(
+        default=None, metadata={"env": "GPU_MEMORY_UTILIZATION"}
+    )
+    vllm_extra_args: tuple[str, ...] = field(default=(), metadata={"env": "VLLM_EXTRA_ARGS"})
+    stage_dir: str = field(default_factory=default_stage_dir, metadata={"env": "STAGE_DIR"})
+    startup_timeout_s: float = field(default=1800.0, metadata={"env": "STARTUP_TIMEOUT_S"})
+    public_url: str | None = field(default=None, metadata={"env": "ROLLOUT_PUBLIC_URL"})
 
     def __post_init__(self):
         if not self.store_uri:
@@ -150,57 +160,63 @@ class RolloutConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RolloutConfig:
-        """Read the configuration from ``env`` (default ``os.environ``).
+        """Read the configuration from ``env`` (default ``os.environ``): each field from the
+        variable it declares; ``replica_id`` falls back to ``SPACE_ID`` ('/' -> '--') and
+        ``public_url`` to ``https://$SPACE_HOST`` (on a Space).
 
         Raises:
             ConfigError: a required variable is missing or a value does not parse.
         """
         env = os.environ if env is None else env
+        kw = _read_env(env)
+        if "replica_id" not in kw and env.get("SPACE_ID"):  # on a Space: its id, '/' -> '--'
+            kw["replica_id"] = env["SPACE_ID"].replace("/", "--")
+        if "public_url" not in kw and env.get("SPACE_HOST"):
+            kw["public_url"] = f"https://{env['SPACE_HOST']}"
+        if kw.get("public_url"):
+            kw["public_url"] = kw["public_url"].rstrip("/") or None
+        return cls(**kw)
 
-        def num(name: str, default, kind=float):
-            raw = env.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                return kind(raw)
-            except ValueError as e:
-                raise ConfigError(f"{name}: expected a {kind.__name__}, found {raw!r}") from e
 
-        def flag(name: str, default: bool) -> bool:
-            raw = env.get(name, "").strip().lower()
-            if not raw:
-                return default
-            if raw in _TRUE or raw in _FALSE:
-                return raw in _TRUE
-            raise ConfigError(f"{name}: expected true/false, found {raw!r}")
+def _flag(raw: str) -> bool:
+    raw = raw.strip().lower()
+    if raw not in _TRUE + _FALSE:
+        raise ValueError(raw)
+    return raw in _TRUE
 
-        replica = env.get("REPLICA_ID") or env.get("SPACE_ID", "").replace("/", "--")
-        kw = {}
-        if replica:
-            kw["replica_id"] = replica
-        if env.get("STAGE_DIR"):
-            kw["stage_dir"] = env["STAGE_DIR"]
-        public_url = env.get("ROLLOUT_PUBLIC_URL") or (
-            f"https://{env['SPACE_HOST']}" if env.get("SPACE_HOST") else None
-        )
-        return cls(
-            store_uri=env.get("DELTASYNC_STORE") or env.get("BUCKET", ""),
-            model=env.get("MODEL", ""),
-            control_token=env.get("CONTROL_TOKEN") or None,
-            api_key=env.get("ROLLOUT_API_KEY") or None,
-            max_body_bytes=num("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, int),
-            poll_interval_s=num("POLL_INTERVAL_S", 1.0),
-            heartbeat_interval_s=num("HEARTBEAT_INTERVAL_S", 10.0),
-            apply_path=env.get("APPLY_PATH", "auto"),
-            require_synced=flag("REQUIRE_SYNCED", True),
-            host=env.get("HOST", "0.0.0.0"),
-            port=num("PORT", 7860, int),
-            vllm_port=num("VLLM_PORT", 8000, int),
-            served_model_name=env.get("SERVED_MODEL_NAME") or None,
-            max_model_len=num("MAX_MODEL_LEN", 4096, int),
-            gpu_memory_utilization=num("GPU_MEMORY_UTILIZATION", None),
-            vllm_extra_args=tuple(shlex.split(env.get("VLLM_EXTRA_ARGS", ""))),
-            startup_timeout_s=num("STARTUP_TIMEOUT_S", 1800.0),
-            public_url=public_url.rstrip("/") if public_url else None,
-            **kw,
-        )
+
+# What a variable of each field type must hold, and its parser.
+_PARSERS = {
+    str: ("a string", str),
+    int: ("an int", int),
+    float: ("a float", float),
+    bool: ("true/false", _flag),
+    tuple[str, ...]: ("shell-quoted arguments", lambda raw: tuple(shlex.split(raw))),
+}
+
+
+def _read_env(env: Mapping[str, str]) -> dict[str, object]:
+    """``RolloutConfig`` arguments from the variables its fields declare (``metadata["env"]``: a
+    name, or a tuple of a name and its fallbacks), parsed by each field's type. A variable that
+    is unset or blank is left out, so the field keeps its own default; a required field whose
+    variable is unset gets "" (``__post_init__`` then says what to set)."""
+    hints = typing.get_type_hints(RolloutConfig)
+    kw: dict[str, object] = {}
+    for f in fields(RolloutConfig):
+        names = f.metadata.get("env", ())
+        names = (names,) if isinstance(names, str) else names
+        name = next((n for n in names if env.get(n, "").strip()), None)
+        if name is None:
+            if names and f.default is MISSING and f.default_factory is MISSING:
+                kw[f.name] = ""
+            continue
+        optional = typing.get_args(hints[f.name])  # (X, NoneType) for ``X | None``
+        what, parse = _PARSERS[optional[0] if type(None) in optional else hints[f.name]]
+        try:
+            kw[f.name] = parse(env[name])
+        except ValueError as e:
+            raise ConfigError(
+                f"{name}: expected {what}, found {env[name]!r}; fix it, or unset it for the "
+                f"default ({f.default!r})"
+            ) from e
+    return kw

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, field, fields
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -35,9 +35,18 @@ class ConfigError(ValueError):
     """An environment variable has a value the server cannot use."""
 
 
+def _env(names: str | tuple[str, ...], default, within=None, choices=None):
+    """A setting read from the variable ``names`` (a tuple: the first that is set, later names
+    are fallbacks), ``default`` when none is; numbers must lie ``within`` (low, high), strings
+    with ``choices`` are one of them (lower-cased)."""
+    names = (names,) if isinstance(names, str) else names
+    return field(default=default, metadata={"env": names, "within": within, "choices": choices})
+
+
 @dataclass(frozen=True)
 class WordleServerConfig:
-    """Settings of one server process.
+    """Settings of one server process; each declares its variable next to its default (the
+    table above).
 
     Attributes:
         max_sessions: concurrent WebSocket sessions (games) allowed; the next connection gets
@@ -59,16 +68,16 @@ class WordleServerConfig:
         log_level: uvicorn log level.
     """
 
-    max_sessions: int = 256
-    idle_timeout_s: float = 600.0
-    max_message_bytes: int = 65536
-    host: str = "0.0.0.0"
-    port: int = 7860
-    web_interface: bool = False
-    mcp: bool = False
-    max_ui_connections: int = 8
-    ws_compression: bool = False
-    log_level: str = "info"
+    max_sessions: int = _env("WORDLE_MAX_SESSIONS", 256, within=(1, 100_000))
+    idle_timeout_s: float = _env("WORDLE_IDLE_TIMEOUT_S", 600.0, within=(0.1, 7 * 24 * 3600.0))
+    max_message_bytes: int = _env("WORDLE_MAX_MESSAGE_BYTES", 65536, within=(256, 16 * 1024**2))
+    host: str = _env("WORDLE_HOST", "0.0.0.0")
+    port: int = _env("PORT", 7860, within=(1, 65535))
+    web_interface: bool = _env(("WORDLE_ENABLE_WEB", "ENABLE_WEB_INTERFACE"), False)
+    mcp: bool = _env("WORDLE_ENABLE_MCP", False)
+    max_ui_connections: int = _env("WORDLE_MAX_UI_CONNECTIONS", 8, within=(1, 10_000))
+    ws_compression: bool = _env("WORDLE_WS_COMPRESSION", False)
+    log_level: str = _env("WORDLE_LOG_LEVEL", "info", choices=_LOG_LEVELS)
 
     @property
     def ws_hard_limit_bytes(self) -> int:
@@ -76,69 +85,38 @@ class WordleServerConfig:
         return 4 * self.max_message_bytes
 
 
-def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
+def _read(f: Field, env: Mapping[str, str]) -> object:
+    """Field ``f``'s value: from the first of its variables that is set (not blank), else its
+    default; checked against its range (numbers), its choices (strings) or true/false (bools)."""
+    name = next((n for n in f.metadata["env"] if (env.get(n) or "").strip()), None)
+    if name is None:
+        return f.default
+    raw, kind = env[name].strip(), type(f.default)
+    choices = _TRUE + _FALSE if kind is bool else f.metadata["choices"]
+    if choices:
+        if raw.lower() not in choices:
+            raise ConfigError(f"{name} must be one of {choices}, found {raw!r}")
+        return raw.lower() in _TRUE if kind is bool else raw.lower()
+    if kind is str:
+        return raw
+    low, high = f.metadata["within"]
+    what = f"{name} must be {'an integer' if kind is int else 'a number'} in [{low}, {high}]"
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be an integer in [{low}, {high}], found {raw!r}") from None
+        raise ConfigError(f"{what}, found {raw!r}") from None
     if not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in [{low}, {high}], found {value}")
+        raise ConfigError(f"{what}, found {value}")
     return value
-
-
-def _float(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number in [{low}, {high}], found {raw!r}") from None
-    if not low <= value <= high:
-        raise ConfigError(f"{name} must be a number in [{low}, {high}], found {value}")
-    return value
-
-
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    if raw.strip().lower() in _TRUE:
-        return True
-    if raw.strip().lower() in _FALSE:
-        return False
-    raise ConfigError(f"{name} must be one of {_TRUE + _FALSE}, found {raw!r}")
 
 
 def load_config(env: Mapping[str, str] | None = None) -> WordleServerConfig:
-    """Read the server settings from ``env`` (default: ``os.environ``).
+    """Read the server settings from ``env`` (default: ``os.environ``): each field from the
+    variable it declares (the table above).
 
     Raises:
         ConfigError: a variable is set to an unusable value; the message names it, the
             accepted range and the value found.
     """
     env = os.environ if env is None else env
-    log_level = env.get("WORDLE_LOG_LEVEL", "info").strip().lower() or "info"
-    if log_level not in _LOG_LEVELS:
-        raise ConfigError(f"WORDLE_LOG_LEVEL must be one of {_LOG_LEVELS}, found {log_level!r}")
-    return WordleServerConfig(
-        max_sessions=_int(env, "WORDLE_MAX_SESSIONS", 256, 1, 100_000),
-        idle_timeout_s=_float(env, "WORDLE_IDLE_TIMEOUT_S", 600.0, 0.1, 7 * 24 * 3600.0),
-        max_message_bytes=_int(env, "WORDLE_MAX_MESSAGE_BYTES", 65536, 256, 16 * 1024 * 1024),
-        host=env.get("WORDLE_HOST", "0.0.0.0").strip() or "0.0.0.0",
-        port=_int(env, "PORT", 7860, 1, 65535),
-        web_interface=_bool(
-            env,
-            "WORDLE_ENABLE_WEB"
-            if (env.get("WORDLE_ENABLE_WEB") or "").strip()
-            else "ENABLE_WEB_INTERFACE",
-            False,
-        ),
-        mcp=_bool(env, "WORDLE_ENABLE_MCP", False),
-        max_ui_connections=_int(env, "WORDLE_MAX_UI_CONNECTIONS", 8, 1, 10_000),
-        ws_compression=_bool(env, "WORDLE_WS_COMPRESSION", False),
-        log_level=log_level,
-    )
+    return WordleServerConfig(**{f.name: _read(f, env) for f in fields(WordleServerConfig)})

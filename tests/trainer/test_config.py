@@ -1,0 +1,83 @@
+"""``trainer.config.from_args``: flags, else the variables the ``TrainConfig`` fields declare
+(``metadata["env"]``), else the fields' defaults. The expectations come from the declarations."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import Field, fields
+
+import pytest
+
+from trainer.config import TrainConfig, from_args
+
+HINTS = typing.get_type_hints(TrainConfig)
+DECLARED = [f for f in fields(TrainConfig) if "env" in f.metadata]
+
+
+def _sample(f: Field) -> tuple[str, object]:
+    """A valid value for field ``f`` other than its default: (the variable's text, the value)."""
+    if HINTS[f.name] is int:
+        return str(f.default + 7), f.default + 7
+    return f"x-{f.name}", f"x-{f.name}"
+
+
+@pytest.fixture()
+def env(monkeypatch):
+    """No declared variable set; ``env(NAME=value)`` sets some."""
+    for f in DECLARED:
+        monkeypatch.delenv(f.metadata["env"], raising=False)
+
+    def setenv(**kw: str) -> None:
+        for name, value in kw.items():
+            monkeypatch.setenv(name, value)
+
+    return setenv
+
+
+def test_the_makefile_variables_and_secrets_are_declared():
+    declared = {f.metadata["env"] for f in DECLARED}
+    assert {"BUCKET", "MODEL", "VLLM_URL", "ENV_URL", "RUN_ID", "STEPS"} <= declared
+    assert {"HF_TOKEN", "ROLLOUT_API_KEY"} <= declared
+
+
+@pytest.mark.parametrize("f", DECLARED, ids=lambda f: f.metadata["env"])
+def test_each_declared_variable_is_read_by_the_field_type(env, f: Field):
+    text, value = _sample(f)
+    env(**{f.metadata["env"]: text})
+    assert getattr(from_args([]), f.name) == value
+
+
+@pytest.mark.parametrize("blank", [None, "", " "])
+def test_unset_or_blank_variables_keep_the_declared_defaults(env, blank):
+    if blank is not None:
+        env(**{f.metadata["env"]: blank for f in DECLARED})
+    assert from_args([]) == TrainConfig()
+
+
+def test_flags_win_over_variables_and_secrets_have_no_flag(env, capsys):
+    env(STEPS="5", MODEL="m", HF_TOKEN="hf_secret")
+    cfg = from_args(["--max-steps", "9", "--learning-rate", "1e-3", "--bf16", "yes"])
+    assert (cfg.max_steps, cfg.model, cfg.learning_rate, cfg.bf16) == (9, "m", 1e-3, True)
+    assert cfg.hf_token == "hf_secret" and "hf_secret" not in repr(cfg)
+    for secret in ("--hf-token", "--rollout-api-key"):
+        with pytest.raises(SystemExit):
+            from_args([secret, "x"])
+    with pytest.raises(SystemExit):
+        from_args(["--help"])
+    assert "default: $STEPS, else 30" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_run_id_defaults_to_the_bucket_name(env):
+    env(BUCKET="me/wordle-7/")
+    assert from_args([]).run_id == "wordle-7"
+    assert from_args(["--run-id", "r"]).run_id == "r"
+    env(RUN_ID="from-env")
+    assert from_args([]).run_id == "from-env"
+
+
+def test_a_variable_that_does_not_parse_is_named(env, capsys):
+    env(STEPS="many")
+    with pytest.raises(SystemExit) as e:
+        from_args([])
+    assert e.value.code == 2
+    assert "STEPS: expected an integer, found 'many'" in capsys.readouterr().err
