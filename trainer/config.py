@@ -72,8 +72,10 @@ class TrainConfig:
         token_budget: tokens per training row (TRL's token-budget batching); set explicitly so TRL
             does not query the replica's ``/v1/models`` before the replica has its first version.
         weight_sync_steps: optimizer steps between publishes.
-        anchor_every: versions between full anchors in the bucket.
-        keep_anchors: retention: anchors (and the deltas after them) kept in the bucket.
+        anchor_every: versions between full anchors in the bucket. None: the publisher's own
+            default (``deltasync.publisher.PublisherConfig``), so the value lives in one place.
+        keep_anchors: retention: anchors (and the deltas after them) kept in the bucket. None:
+            the publisher's default.
         diff_on: where the publisher diffs (``deltasync.publisher.PublisherConfig.diff_on``):
             ``auto`` on the device that holds the weights (a GPU keeps one bf16 copy of the model
             for it), ``host`` (no GPU memory; under FSDP2, rank 0 is handed whole tensors, so a
@@ -115,8 +117,8 @@ class TrainConfig:
     eval_temperature: float = 1.0
     token_budget: int = 8192
     weight_sync_steps: int = 1
-    anchor_every: int = 10
-    keep_anchors: int = 2
+    anchor_every: int | None = None
+    keep_anchors: int | None = None
     diff_on: str = "auto"
     bf16: bool = False
     output_dir: str | None = None

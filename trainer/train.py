@@ -215,14 +215,14 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             children.append(wordle)
             env_url = wordle.url
         os.environ[ENV_URL_VAR] = env_url  # read by WordleToolEnv in TRL's rollout process
+        retention = {"anchor_every": cfg.anchor_every, "keep_anchors": cfg.keep_anchors}
         publisher = DeltaPublisher(
             store,
             run_id=cfg.run_id,
             config=PublisherConfig(
-                anchor_every=cfg.anchor_every,
-                keep_anchors=cfg.keep_anchors,
                 takeover=cfg.takeover,
                 diff_on=cfg.diff_on,
+                **{k: v for k, v in retention.items() if v is not None},  # None: the default
             ),
         )
         fixed_urls, discover = fleet.parse_vllm_urls(cfg.vllm_url)
