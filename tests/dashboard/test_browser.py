@@ -118,13 +118,8 @@ def chromium(tmp_path: Path) -> Iterator[Cdp]:
     """Headless Chromium with a fresh profile; yields a CDP client on its first page."""
     profile = tmp_path / "chromium-profile"
     log_path = tmp_path / "chromium.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    args = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
+    with _process(args, log_path, 10):
         port_file = profile / "DevToolsActivePort"
         _wait(
             lambda: port_file.exists() and port_file.read_text().strip(),
@@ -138,13 +133,6 @@ def chromium(tmp_path: Path) -> Iterator[Cdp]:
         url = pages[0]["webSocketDebuggerUrl"]
         with ws_client.connect(url, max_size=2**26, open_timeout=20) as ws:
             yield Cdp(ws)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @contextmanager
@@ -156,25 +144,9 @@ def dashboard(bucket: str, tmp_path: Path) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log_path = tmp_path / "dashboard.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dashboard",
-                "--bucket",
-                bucket,
-                "--port",
-                str(port),
-                "--refresh-s",
-                "1",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
+    flags = ["--bucket", bucket, "--port", str(port), "--refresh-s", "1"]
     url = f"http://127.0.0.1:{port}/"
-    try:
+    with _process([sys.executable, "-m", "dashboard", *flags], log_path, 15, cwd=REPO) as proc:
         _wait(
             lambda: proc.poll() is not None or _http_ok(url),
             90,
@@ -183,10 +155,22 @@ def dashboard(bucket: str, tmp_path: Path) -> Iterator[str]:
         )
         assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
         yield url
+
+
+@contextmanager
+def _process(
+    args: list[str], log_path: Path, stop_timeout_s: float, **popen
+) -> Iterator[subprocess.Popen]:
+    """Run ``args`` (``popen``: more ``subprocess.Popen`` arguments) with stdout and stderr
+    written to ``log_path``; on exit terminate it, and kill it after ``stop_timeout_s``."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **popen)
+    try:
+        yield proc
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=stop_timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -291,6 +291,12 @@ class BucketReader(FramesFromHistory):
         self._stats.stat_calls += 1
         return store.ls(prefix)
 
+    def _skip_unparsable(self, path: str, error: ValueError, warnings: list[str]) -> None:
+        """Log and add to ``warnings`` that the object at ``path`` does not parse and is skipped."""
+        first = _why(error)
+        log.warning("dashboard: skipping %s/%s: %s", self.uri, path, first)
+        warnings.append(f"{path} does not parse ({first}); skipped")
+
     def _read_heartbeats(self, store: Store, warnings: list[str]) -> None:
         now = self._clock()
         if self._listed_at is None or now - self._listed_at >= self.list_every_s:
@@ -308,9 +314,7 @@ class BucketReader(FramesFromHistory):
             try:
                 hb = self._read_cached(store, path, ReplicaHeartbeat.model_validate_json)
             except ValueError as e:  # one bad heartbeat must not hide the others: skip it
-                first = _why(e)
-                log.warning("dashboard: skipping %s/%s: %s", self.uri, path, first)
-                warnings.append(f"{path} does not parse ({first}); skipped")
+                self._skip_unparsable(path, e, warnings)
                 continue
             if hb is None:
                 continue
@@ -333,9 +337,7 @@ class BucketReader(FramesFromHistory):
                 store, TRAINER_METRICS_PATH, TrainerMetrics.model_validate_json
             )
         except ValueError as e:  # skipped this poll; the trainer rewrites it every step
-            first = _why(e)
-            log.warning("dashboard: skipping %s/%s: %s", self.uri, TRAINER_METRICS_PATH, first)
-            warnings.append(f"{TRAINER_METRICS_PATH} does not parse ({first}); skipped")
+            self._skip_unparsable(TRAINER_METRICS_PATH, e, warnings)
             return
         if metrics is None:
             return

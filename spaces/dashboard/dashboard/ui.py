@@ -18,6 +18,7 @@ import logging
 import math
 import threading
 import time
+from typing import NamedTuple
 
 import gradio as gr
 import pandas as pd
@@ -42,6 +43,45 @@ FIXED_COLORS = {
     "paused": "#d62728",
 }
 STALENESS_COLORS = ["#2ca02c", "#bcbd22", "#ff7f0e", "#d62728", "#8c564b", "#7f7f7f"]
+
+
+class PlotSpec(NamedTuple):
+    """One plot of the page: where it stands, what it draws and how it is labelled."""
+
+    row: int  # the page row it stands in (0: top); left to right in ``PLOTS`` order
+    kind: type[gr.LinePlot | gr.BarPlot | gr.ScatterPlot]
+    frame: str  # the Snapshot frame it draws
+    x: str  # a key of ``X_AXES``
+    y: str
+    color: str | None  # the column that splits it into series (None: a single series)
+    elem_id: str
+    title: str
+    y_title: str
+
+
+# The page's plots in the order ``/refresh`` sends them (its clients unpack them by position).
+# fmt: off
+PLOTS = [
+    PlotSpec(1, gr.LinePlot, "versions", "time", "version", "series", "plot-versions", "Held version vs trainer version", "version"),
+    PlotSpec(1, gr.LinePlot, "lag", "time", "lag_versions", "replica", "plot-lag-versions", "Lag (versions)", "versions behind"),
+    PlotSpec(1, gr.LinePlot, "lag", "time", "lag_s", "replica", "plot-lag-seconds", "Lag (seconds)", "seconds behind newest publish"),
+    PlotSpec(2, gr.BarPlot, "payloads", "version", "mb", "kind", "plot-payload", "Payload per version (anchors marked)", "MB (10^6 bytes)"),
+    PlotSpec(2, gr.ScatterPlot, "density", "version", "density_pct", "marker", "plot-density", "Delta density", "changed elements (%)"),
+    PlotSpec(3, gr.ScatterPlot, "syncs", "time", "paused_s", "replica", "plot-paused", "Paused window per sync", "generation paused (s)"),
+    PlotSpec(3, gr.ScatterPlot, "sync_phases", "time", "seconds", "phase", "plot-phases", "Fetch / decode / apply per sync", "seconds"),
+    PlotSpec(0, gr.LinePlot, "reward", "step", "reward", "series", "plot-reward", "Reward per step, evaluations as mean ± SE", "mean reward"),
+    PlotSpec(0, gr.LinePlot, "lag", "time", "lag_s", "replica", "plot-lag-seconds-main", "Sync lag (seconds)", "seconds behind newest publish"),
+    PlotSpec(4, gr.LinePlot, "training", "step", "stale_fraction", None, "plot-stale-fraction", "Stale fraction (discarded / generated samples)", "fraction"),
+    PlotSpec(4, gr.BarPlot, "staleness", "step", "count", "staleness", "plot-staleness", "Staleness of training samples", "samples (by versions stale)"),
+]
+# fmt: on
+# Each x column's axis: its title, and for clock times the format of the tick labels.
+X_AXES = {
+    "time": {"x_title": "time (UTC)", "x_axis_format": "%H:%M:%S"},
+    "step": {"x_title": "trainer step"},
+    "version": {"x_title": "version"},
+}
+PLOT_HEIGHT = 260
 
 
 class SharedReader:
@@ -153,11 +193,29 @@ def plot_update(df: pd.DataFrame, color: str | None, replicas: list[str], seen: 
     return gr.update(value=df, color_map=cmap)
 
 
+def _plot(spec: PlotSpec) -> gr.LinePlot | gr.BarPlot | gr.ScatterPlot:
+    """The Gradio plot that ``spec`` describes, rendered where it is created."""
+    same_name = ("x", "y", "color", "title", "y_title", "elem_id")  # Gradio's names for them
+    args = {name: getattr(spec, name) for name in same_name}
+    return spec.kind(**args, height=PLOT_HEIGHT, **X_AXES[spec.x])
+
+
+def _plot_rows() -> list[gr.LinePlot | gr.BarPlot | gr.ScatterPlot]:
+    """Create the plots of ``PLOTS``, one ``gr.Row`` per row, top to bottom; returns them in
+    ``PLOTS`` order."""
+    made = {}
+    for row in sorted({spec.row for spec in PLOTS}):
+        with gr.Row():
+            for spec in PLOTS:
+                if spec.row == row:
+                    made[spec.elem_id] = _plot(spec)
+    return [made[spec.elem_id] for spec in PLOTS]
+
+
 def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr.Blocks:
     """The dashboard for ``config.bucket`` (``reader``: an existing BucketReader, for tests)."""
     reader = reader or BucketReader(config.bucket, stalled_after_s=config.stalled_after_s)
     shared = SharedReader(reader, min_age_s=config.refresh_s / 2)
-    plot = {"height": 260, "x_title": "time (UTC)", "x_axis_format": "%H:%M:%S"}
 
     with gr.Blocks(title="deltasync dashboard") as demo:
         gr.Markdown("## deltasync: sync lag and training")
@@ -169,128 +227,7 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
             elem_id="status-table",
             wrap=True,
         )
-        with gr.Row():
-            reward = gr.LinePlot(
-                x="step",
-                y="reward",
-                color="series",
-                title="Reward per step, evaluations as mean ± SE",
-                x_title="trainer step",
-                y_title="mean reward",
-                elem_id="plot-reward",
-                height=260,
-            )
-            lag_s_main = gr.LinePlot(
-                x="time",
-                y="lag_s",
-                color="replica",
-                title="Sync lag (seconds)",
-                y_title="seconds behind newest publish",
-                elem_id="plot-lag-seconds-main",
-                **plot,
-            )
-        with gr.Row():
-            versions = gr.LinePlot(
-                x="time",
-                y="version",
-                color="series",
-                title="Held version vs trainer version",
-                y_title="version",
-                elem_id="plot-versions",
-                **plot,
-            )
-            lag_v = gr.LinePlot(
-                x="time",
-                y="lag_versions",
-                color="replica",
-                title="Lag (versions)",
-                y_title="versions behind",
-                elem_id="plot-lag-versions",
-                **plot,
-            )
-            lag_s = gr.LinePlot(
-                x="time",
-                y="lag_s",
-                color="replica",
-                title="Lag (seconds)",
-                y_title="seconds behind newest publish",
-                elem_id="plot-lag-seconds",
-                **plot,
-            )
-        with gr.Row():
-            payload = gr.BarPlot(
-                x="version",
-                y="mb",
-                color="kind",
-                title="Payload per version (anchors marked)",
-                x_title="version",
-                y_title="MB (10^6 bytes)",
-                elem_id="plot-payload",
-                height=260,
-            )
-            density = gr.ScatterPlot(
-                x="version",
-                y="density_pct",
-                color="marker",
-                title="Delta density",
-                x_title="version",
-                y_title="changed elements (%)",
-                elem_id="plot-density",
-                height=260,
-            )
-        with gr.Row():
-            paused = gr.ScatterPlot(
-                x="time",
-                y="paused_s",
-                color="replica",
-                title="Paused window per sync",
-                y_title="generation paused (s)",
-                elem_id="plot-paused",
-                **plot,
-            )
-            phases = gr.ScatterPlot(
-                x="time",
-                y="seconds",
-                color="phase",
-                title="Fetch / decode / apply per sync",
-                y_title="seconds",
-                elem_id="plot-phases",
-                **plot,
-            )
-        with gr.Row():
-            stale = gr.LinePlot(
-                x="step",
-                y="stale_fraction",
-                title="Stale fraction (discarded / generated samples)",
-                x_title="trainer step",
-                y_title="fraction",
-                elem_id="plot-stale-fraction",
-                height=260,
-            )
-            staleness = gr.BarPlot(
-                x="step",
-                y="count",
-                color="staleness",
-                title="Staleness of training samples",
-                x_title="trainer step",
-                y_title="samples (by versions stale)",
-                elem_id="plot-staleness",
-                height=260,
-            )
-
-        plots = [
-            (versions, "versions"),
-            (lag_v, "lag"),
-            (lag_s, "lag"),
-            (payload, "payloads"),
-            (density, "density"),
-            (paused, "syncs"),
-            (phases, "sync_phases"),
-            (reward, "reward"),
-            (lag_s_main, "lag"),
-            (stale, "training"),
-            (staleness, "staleness"),
-        ]
+        plots = _plot_rows()
 
         seen = gr.State(dict)  # per page: {plot index: categories sent, settle flag}
 
@@ -306,12 +243,12 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
             status_df = public_status(snap.frame("status"))
             out = [snap.markdown(public=True), _styled_status(status_df)]
             out += [
-                plot_update(snap.frame(name), p.color, replicas, seen.setdefault(i, {}))
-                for i, (p, name) in enumerate(plots)
+                plot_update(snap.frame(spec.frame), spec.color, replicas, seen.setdefault(i, {}))
+                for i, spec in enumerate(PLOTS)
             ]
             return (*out, seen)
 
-        outputs = [summary, status, *(p for p, _ in plots), seen]
+        outputs = [summary, status, *plots, seen]
         timer = gr.Timer(config.refresh_s)
         timer.tick(
             refresh, inputs=seen, outputs=outputs, api_name="refresh", show_progress="hidden"

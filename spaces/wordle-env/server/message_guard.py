@@ -33,6 +33,7 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -117,6 +118,41 @@ def _client(scope: Scope) -> str:
 def error_frame(code: str, message: str) -> str:
     """An error frame as openenv writes them (its clients raise on ``type == "error"``)."""
     return json.dumps({"type": "error", "data": {"message": message, "code": code}})
+
+
+@dataclass
+class _ScreenedReceive:
+    """A WebSocket's ``receive`` as the app behind the guard sees it: idle-expired and screened.
+
+    Args:
+        source: the server's ``receive``.
+        idle_timeout_s: seconds to wait for the client's next message; then ``on_idle()`` runs
+            (it tells the client and closes the connection) and the app sees a disconnect.
+        on_idle: called once the client has been silent for ``idle_timeout_s``.
+        admit: called with each ``websocket.receive`` frame; True passes it to the app, False
+            drops it (``admit`` answers the client itself if it should hear why).
+        closed: turns True once the connection is over: the client left or ``on_idle`` ran.
+    """
+
+    source: Receive
+    idle_timeout_s: float
+    on_idle: Callable[[], Awaitable[None]]
+    admit: Callable[[Message], Awaitable[bool]]
+    closed: bool = False
+
+    async def receive(self) -> Message:
+        """The client's next message that the app should see (a disconnect after idling)."""
+        while True:
+            try:
+                message = await _receive_within(self.source, self.idle_timeout_s)
+            except asyncio.TimeoutError:
+                self.closed = True
+                await self.on_idle()
+                return {"type": "websocket.disconnect", "code": 1000}
+            if message["type"] == "websocket.disconnect":
+                self.closed = True
+            if message["type"] != "websocket.receive" or await self.admit(message):
+                return message
 
 
 class MessageGuard:
@@ -256,7 +292,15 @@ class MessageGuard:
     # -- WebSocket ---------------------------------------------------------------------------
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        closed = False  # the connection is over: the guard closed it or the client left
+        async def answer_bad_frame(message: Message) -> bool:
+            problem = self._check_frame(message)
+            if problem is not None:  # the app never sees it; the client gets the error frame
+                await send({"type": "websocket.send", "text": problem})
+            return problem is None
+
+        frames = _ScreenedReceive(
+            receive, self.idle_timeout_s, lambda: self._expire(send, scope), answer_bad_frame
+        )
 
         async def guarded_send(message: Message) -> None:
             # openenv always sends a close when its session ends, even after the client
@@ -265,7 +309,7 @@ class MessageGuard:
             if message["type"] != "websocket.close":
                 await send(message)
                 return
-            if closed:
+            if frames.closed:
                 return
             try:
                 await send(message)
@@ -273,25 +317,7 @@ class MessageGuard:
                 log.info("client %s left before the server closed its session (%s)",
                          _client(scope), type(exc).__name__)  # fmt: skip
 
-        async def guarded_receive() -> Message:
-            nonlocal closed
-            while True:
-                try:
-                    message = await _receive_within(receive, self.idle_timeout_s)
-                except asyncio.TimeoutError:
-                    closed = True
-                    await self._expire(send, scope)
-                    return {"type": "websocket.disconnect", "code": 1000}
-                if message["type"] == "websocket.disconnect":
-                    closed = True
-                if message["type"] != "websocket.receive":
-                    return message
-                problem = self._check_frame(message)
-                if problem is None:
-                    return message
-                await send({"type": "websocket.send", "text": problem})
-
-        await self.app(scope, guarded_receive, guarded_send)
+        await self.app(scope, frames.receive, guarded_send)
 
     async def _ui_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The web UI's ``/ws/ui``: capped in number, idle-expired, frames size-capped."""
@@ -306,33 +332,24 @@ class MessageGuard:
             )
             return
         self.ui_connections += 1
-        closed = False
 
-        async def ui_receive() -> Message:
-            nonlocal closed
-            while True:
-                try:
-                    message = await _receive_within(receive, self.idle_timeout_s)
-                except asyncio.TimeoutError:
-                    closed = True
-                    try:
-                        await send({"type": "websocket.close", "code": 1000, "reason": "idle"})
-                    except OSError as exc:
-                        log.info("idle web UI client %s was already gone (%s)",
-                                 _client(scope), type(exc).__name__)  # fmt: skip
-                    return {"type": "websocket.disconnect", "code": 1000}
-                if message["type"] == "websocket.disconnect":
-                    closed = True
-                if message["type"] != "websocket.receive":
-                    return message
-                text, data = message.get("text"), message.get("bytes")
-                size = len(text.encode()) if text is not None else len(data or b"")
-                if size <= self.max_message_bytes:
-                    return message
-                # Too large for a UI keep-alive: dropped, the connection stays.
+        async def close_idle() -> None:
+            try:
+                await send({"type": "websocket.close", "code": 1000, "reason": "idle"})
+            except OSError as exc:
+                log.info("idle web UI client %s was already gone (%s)",
+                         _client(scope), type(exc).__name__)  # fmt: skip
+
+        async def small_enough(message: Message) -> bool:
+            # Too large for a UI keep-alive: dropped, the connection stays.
+            text, data = message.get("text"), message.get("bytes")
+            size = len(text.encode()) if text is not None else len(data or b"")
+            return size <= self.max_message_bytes
+
+        frames = _ScreenedReceive(receive, self.idle_timeout_s, close_idle, small_enough)
 
         async def ui_send(message: Message) -> None:
-            if closed and message["type"] == "websocket.close":
+            if frames.closed and message["type"] == "websocket.close":
                 return
             try:
                 await send(message)
@@ -342,7 +359,7 @@ class MessageGuard:
                 log.info("web UI client %s left first (%s)", _client(scope), type(exc).__name__)
 
         try:
-            await self.app(scope, ui_receive, ui_send)
+            await self.app(scope, frames.receive, ui_send)
         finally:
             self.ui_connections -= 1
 
