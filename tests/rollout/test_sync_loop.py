@@ -32,11 +32,11 @@ def make(trainer: Trainer, bucket: str, tmp_path, device="cpu", rid="r0"):
     return eng, loop
 
 
-def serving_v0(tiny_model_dir, bucket, tmp_path, device="cpu"):
-    """A trainer that published v0 and a loop that serves it."""
-    tr = Trainer(tiny_model_dir, bucket)
+def serving(tiny_model_dir, bucket, tmp_path, deltas=0, device="cpu", **trainer_kw):
+    """A trainer that published v0 and ``deltas`` deltas, and a loop that serves the newest."""
+    tr = Trainer(tiny_model_dir, bucket, **trainer_kw)
     eng, loop = make(tr, bucket, tmp_path, device)
-    tr.publish()
+    tr.publish_many(deltas)
     loop.poll_once()
     return tr, eng, loop
 
@@ -80,7 +80,7 @@ def test_follows_each_version_bit_exact(tiny_model_dir, bucket, tmp_path, device
 
 
 def test_several_versions_behind_apply_in_one_pause(tiny_model_dir, bucket, tmp_path):
-    tr, eng, loop = serving_v0(tiny_model_dir, bucket, tmp_path)
+    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path)
     v = tr.publish_many(3)
     pauses = eng.pauses
     rec = loop.poll_once()
@@ -100,10 +100,7 @@ def test_late_replica_starts_from_newest_anchor(tiny_model_dir, bucket, tmp_path
 
 
 def test_corrupt_delta_is_refused_then_recovered_from_next_anchor(tiny_model_dir, bucket, tmp_path):
-    tr = Trainer(tiny_model_dir, bucket, anchor_every=4)
-    eng, loop = make(tr, bucket, tmp_path)
-    tr.publish_many(2)
-    loop.poll_once()
+    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 2, anchor_every=4)
     assert_exact(eng, loop, tr, 2)
     tr.publish_many(1)  # v3, a delta only
     m = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
@@ -128,7 +125,7 @@ def test_corrupt_delta_is_refused_then_recovered_from_next_anchor(tiny_model_dir
 def test_failed_pause_is_retried(tiny_model_dir, bucket, tmp_path, newer):
     """A pause the engine refuses applies nothing; the verified version is served at the next
     poll, merged with a version published meanwhile (``newer``)."""
-    tr, eng, loop = serving_v0(tiny_model_dir, bucket, tmp_path, "cuda")  # in-place: merged
+    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, device="cuda")  # in-place: merged
     v = tr.publish_many(1)
     eng.fail_pause = 1
     assert loop.poll_once() is None
@@ -149,10 +146,7 @@ def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
     whose base v2 is not the v2 the replica holds: the result digests disagree, so it is
     refused; its next anchor is taken. The diverged trainer publishes into a bucket of its own,
     and its versions are carried into the run's bucket through the public Store and Manifest."""
-    tr = Trainer(tiny_model_dir, bucket, anchor_every=4)
-    eng, loop = make(tr, bucket, tmp_path)
-    tr.publish_many(2)
-    loop.poll_once()
+    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 2, anchor_every=4)
     tr.close()
     other = str(tmp_path / "diverged")
     tr2 = Trainer(tiny_model_dir, other, anchor_every=4, seed=7)
@@ -184,7 +178,7 @@ def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
 
 
 def test_failed_apply_stays_paused_until_full_reload(tiny_model_dir, bucket, tmp_path):
-    tr, eng, loop = serving_v0(tiny_model_dir, bucket, tmp_path)
+    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path)
     v = tr.publish_many(1)
     eng.fail_next = 2  # the apply and the first full reload fail
     assert loop.poll_once() is None
@@ -197,10 +191,7 @@ def test_failed_apply_stays_paused_until_full_reload(tiny_model_dir, bucket, tmp
 
 
 def test_truncated_delta_is_refused_and_replica_keeps_serving(tiny_model_dir, bucket, tmp_path):
-    tr = Trainer(tiny_model_dir, bucket, anchor_every=3)
-    eng, loop = make(tr, bucket, tmp_path)
-    tr.publish_many(1)
-    loop.poll_once()
+    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 1, anchor_every=3)
     tr.publish_many(1)  # v2, a delta only
     m = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
     path = m.entry(2).delta.files[0].path
@@ -221,10 +212,7 @@ def test_truncated_delta_is_refused_and_replica_keeps_serving(tiny_model_dir, bu
 def test_deleted_delta_is_replanned(tiny_model_dir, bucket, tmp_path):
     """A payload file that vanished (e.g. retention ran between the manifest read and the fetch)
     is reported; the replica keeps serving and follows once a path exists again."""
-    tr = Trainer(tiny_model_dir, bucket, anchor_every=3)
-    eng, loop = make(tr, bucket, tmp_path)
-    tr.publish_many(1)
-    loop.poll_once()
+    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 1, anchor_every=3)
     tr.publish_many(1)  # v2, a delta only
     m = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
     loop.store.rm([m.entry(2).delta.files[0].path])
