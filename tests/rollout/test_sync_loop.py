@@ -7,6 +7,7 @@ reload before generation resumes, and the heartbeat written to ``replicas/<id>.j
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -138,6 +139,32 @@ def test_failed_pause_is_retried(tiny_model_dir, bucket, tmp_path, newer):
     assert rec.version == v and rec.from_version == 0 and rec.steps == v
     assert_exact(eng, loop, tr, v)
     assert loop.status == "ok"
+    tr.close()
+
+
+def test_unexpected_error_does_not_stop_the_thread(tiny_model_dir, bucket, tmp_path, monkeypatch):
+    """An error nobody expected, in the poll itself, is reported, and the loop's thread goes on
+    following the bucket."""
+    tr = Trainer(tiny_model_dir, bucket)
+    eng, loop = make(tr, bucket, tmp_path)
+    loop.follower.poll_interval_s = 0.05
+    real, calls = loop.subscriber.read_manifest, []
+
+    def broken_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return real()
+
+    monkeypatch.setattr(loop.subscriber, "read_manifest", broken_once)
+    tr.publish()
+    loop.start()
+    deadline = time.time() + 30
+    while loop.served_version != 0 and time.time() < deadline:
+        time.sleep(0.05)
+    loop.stop()
+    assert "RuntimeError: injected" in loop.last_error and loop.errors >= 1
+    assert_exact(eng, loop, tr, 0)
     tr.close()
 
 

@@ -214,12 +214,17 @@ class SyncLoop:
         return self.follower.delay_s
 
     def _run(self) -> None:
-        for pulled in self.follower.follow(self._stop, self._wake):
+        while not self._stop.is_set():
+            polls = self.follower.follow(self._stop, self._wake)
             try:
-                self._serve(pulled)
+                for pulled in polls:
+                    self._serve(pulled)
             except Exception as e:  # recovered on purpose: the replica keeps serving; reported
                 log.exception("sync poll failed unexpectedly; serving v%s", self.served_version)
                 self._report(e)
+                self._stop.wait(self.poll_interval_s)
+            finally:
+                polls.close()  # releases the poll lock if the error left the generator suspended
 
     # ----------------------------------------------------------------------------------- poll
     def poll_once(self) -> SyncRecord | None:
