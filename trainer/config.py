@@ -40,11 +40,13 @@ class TrainConfig:
             theirs 60 s apart there). On a local bucket: every health check.
         env_url: the Wordle environment server's URL. None: start one locally.
         max_steps: optimizer steps.
-        learning_rate: AdamW learning rate. None: 1e-4 for the ~2.4 M-parameter local model (at
+        learning_rate: AdamW learning rate. None: 2e-4 for the ~2.7 M-parameter local model (at
             1e-5 its bf16 weights, which the replica serves, barely move: an update smaller than
-            half a bf16 ulp of a weight is lost in the rounding), 1e-6 for hub models (RL-typical).
+            half a bf16 ulp of a weight is lost in the rounding; the handout experiment's policy
+            gradient used 3e-4), 1e-6 for hub models (RL-typical).
         num_generations: completions per GRPO group (they all play the same word).
-        per_device_train_batch_size: samples per optimizer step (TRL's samples_per_step).
+        per_device_train_batch_size: episodes generated concurrently and queued for the trainer
+            (TRL's ``samples_per_step``). How many a step trains on is set by ``token_budget``.
         max_completion_length: tokens per assistant turn (TRL applies it to each turn): a
             ``guess`` call is 10 tokens with the local tokenizer and about 25 with Qwen3's.
         max_tool_calling_iterations: tool calls per game, at most (6 guesses + 1 invalid move).
@@ -56,21 +58,28 @@ class TrainConfig:
         max_inflight_tasks: episodes generated concurrently. None: one step's worth
             (``per_device_train_batch_size``), which with ``queue_maxsize`` bounds how far
             generation runs ahead of training and so the share of samples discarded as stale.
-        queue_maxsize: scored samples buffered for the trainer. None: one GRPO group
-            (``num_generations``): on 2 cores the trainer, not generation, is the bottleneck, so
-            a longer queue only adds staleness (one step's worth: 29% discarded).
+        queue_maxsize: scored samples buffered for the trainer. None: one step's worth
+            (``per_device_train_batch_size``), so the next step's games are generated while the
+            trainer runs this one (with one group, generation stopped during every step and the
+            trainer then waited for it: 5 s of every 8 s step, 18 games per step).
         warm_start_games: solver games in the local model's warm start (``trainer.warm_start``).
         model_hidden_size: hidden size of the local model (``tiny``; Qwen3, head_dim 64).
         model_layers: decoder layers of the local model.
         warm_start_epochs: passes over them.
         cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
         eval_episodes: held-out games played through the replica before the first GRPO step and
-            after the last (0: no evaluation).
+            after the last, compared game by game (0: no evaluation).
+        eval_every: optimizer steps between learning-curve evaluations (0: none).
+        eval_curve_episodes: held-out games of each learning-curve evaluation (the first ones of
+            the ``eval_episodes`` seeds).
         eval_temperature: sampling temperature of the evaluation, the policy's own (1.0). Greedy
             (0) is misleading for a small model: where ~3,000 words share the mass, the single
             likeliest token can be a non-word (measured: ``"word": ""`` calls at turn 3).
-        token_budget: tokens per training row (TRL's token-budget batching); set explicitly so TRL
-            does not query the replica's ``/v1/models`` before the replica has its first version.
+        token_budget: tokens per training row (TRL's token-budget batching), which sets the games
+            per optimizer step: a local-model episode forwards about 330 tokens once its group
+            shares the prompt, so 24,576 holds about 70 (8 or 9 GRPO groups of 8; at 8,192 a step
+            trained on 18). Set explicitly so TRL does not query the replica's ``/v1/models``
+            before the replica has its first version.
         weight_sync_steps: optimizer steps between publishes.
         anchor_every: versions between full anchors in the bucket. None: the publisher's own
             default (``deltasync.publisher.PublisherConfig``), so the value lives in one place.
@@ -99,23 +108,25 @@ class TrainConfig:
     fleet_health_interval_s: float = 5.0
     fleet_discover_interval_s: float = 60.0
     env_url: str | None = field(default=None, metadata={"env": "ENV_URL"})
-    max_steps: int = field(default=30, metadata={"env": "STEPS"})
+    max_steps: int = field(default=50, metadata={"env": "STEPS"})
     learning_rate: float | None = None
     num_generations: int = 8
-    per_device_train_batch_size: int = 16
+    per_device_train_batch_size: int = 64
     max_completion_length: int = 32
     max_tool_calling_iterations: int = 7
     max_staleness: int = 4
     max_inflight_tasks: int | None = None
     queue_maxsize: int | None = None
     warm_start_games: int = 3000
-    model_hidden_size: int = 128
+    model_hidden_size: int = 192
     model_layers: int = 2
     warm_start_epochs: int = 3
     cache_dir: str | None = None
-    eval_episodes: int = 64
+    eval_episodes: int = 128
+    eval_every: int = 10
+    eval_curve_episodes: int = 64
     eval_temperature: float = 1.0
-    token_budget: int = 8192
+    token_budget: int = 24576
     weight_sync_steps: int = 1
     anchor_every: int | None = None
     keep_anchors: int | None = None
@@ -164,7 +175,7 @@ class TrainConfig:
         """The learning rate (see ``learning_rate``)."""
         if self.learning_rate is not None:
             return self.learning_rate
-        return 1e-4 if self.model_id() == TINY else 1e-6
+        return 2e-4 if self.model_id() == TINY else 1e-6
 
 
 def space_headers(url: str, hf_token: str | None) -> dict[str, str]:

@@ -156,7 +156,7 @@ def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: i
         run_id=run_id, runs_root=runs_root, max_steps=steps, anchor_every=anchor_every,
         num_generations=4, per_device_train_batch_size=8,
         dashboard=True, dashboard_port=local_stack.free_port(), eval_episodes=16,
-        fleet_health_interval_s=1.0,
+        eval_every=0, fleet_health_interval_s=1.0,
     )  # fmt: skip
     for k, v in train_overrides.items():
         setattr(cfg, k, v)

@@ -99,9 +99,12 @@ def check_context(replica_url: str, tokenizer_path: str, max_tokens: int, header
     from wordle_env.game import WordleGame
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    game = WordleGame("crane")
+    # the longest reply: the board after five guesses that rule out the most letters
+    game = WordleGame("fuzzy")
+    for word in ("crane", "split", "bogey", "wimpy", "havoc"):
+        game.play(f"[{word}]")
     invalid = game.play("[zzzzz]").reply
-    longest_reply = max(invalid, tool_reply(game.play("[crane]").reply, True), key=len)
+    longest_reply = tool_reply(invalid, False, game.guesses, game.marks)
     messages = prompt_messages()
     for _ in range(MAX_TURNS):
         messages += [
@@ -146,8 +149,10 @@ def play_episode(
     seed: int,
     max_tokens: int,
     temperature: float = 0.0,
+    board: bool = True,
 ) -> EpisodeResult:
-    """Play the game of ``seed`` through the replica.
+    """Play the game of ``seed`` through the replica; ``board=False`` leaves the board out of
+    the tool replies (the warm-start ablation of ``bench/bench_warm_start.py``).
 
     Raises:
         EvalError: the replica answered an error (after httpx's own connection handling).
@@ -191,7 +196,9 @@ def play_episode(
                 {
                     "role": "tool",
                     "name": "guess",
-                    "content": tool_reply(result.observation.reply, bool(result.done)),
+                    "content": stats.reply(result.observation, bool(result.done))
+                    if board
+                    else tool_reply(result.observation.reply, bool(result.done)),
                 }
             )
             if result.done:
@@ -208,6 +215,8 @@ def summarize(results: list[EpisodeResult]) -> dict:
     turns = sum(r.turns for r in results)
     calls = sum(r.wellformed for r in results)
     rewards = [r.env_reward for r in results]
+    consistent = sum(r.stats.consistent for r in results)
+    checked = sum(r.stats.checked for r in results)
     se = statistics.stdev(rewards) / math.sqrt(n) if n > 1 else 0.0
     return {
         "episodes": n,
@@ -223,6 +232,10 @@ def summarize(results: list[EpisodeResult]) -> dict:
             sum(r.stats.accepted >= 2 or r.stats.won for r in results) / n, 4
         ),
         "bad_end_rate": round(sum(r.end in ("malformed", "invalid") for r in results) / n, 4),
+        # the mechanism: later guesses that fit every earlier feedback row (trainer.board)
+        "consistent_rate": round(consistent / checked, 4) if checked else 0.0,
+        "invalid_rate": round(sum(r.stats.invalid for r in results) / turns, 4) if turns else 0.0,
+        "stopped_early_rate": round(sum(not r.stats.done for r in results) / n, 4),
         "shaped_reward_mean": round(statistics.fmean(episode_reward(r.stats) for r in results), 4),
     }
 
@@ -234,8 +247,10 @@ def evaluate(
     seeds: list[int],
     max_tokens: int,
     temperature: float = 0.0,
-    workers: int = 16,
+    workers: int = 64,
     headers: dict | None = None,
+    board: bool = True,
+    per_seed: bool = False,
 ) -> dict:
     """Play ``seeds`` through the replica; returns :func:`summarize`'s block.
 
@@ -248,6 +263,9 @@ def evaluate(
         temperature: 0 = greedy.
         workers: games played concurrently.
         headers: extra request headers (e.g. ``Authorization`` for a private Space).
+        board: tool replies carry the board (``trainer.board``), as in training.
+        per_seed: add ``per_seed``: each game's environment reward, in ``seeds`` order (for a
+            paired comparison of two evaluations on the same seeds).
     """
     from transformers import AutoTokenizer
 
@@ -267,11 +285,15 @@ def evaluate(
                     s,
                     max_tokens,
                     temperature,
+                    board,
                 ),
                 seeds,
             )
         )
-    return summarize(results)
+    block = summarize(results)
+    if per_seed:
+        block["per_seed"] = [round(r.env_reward, 4) for r in results]
+    return block
 
 
 def parse_seeds(spec: str) -> list[int]:

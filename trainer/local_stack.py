@@ -165,7 +165,13 @@ def start_replica(
         "DELTASYNC_STORE": store_uri, "MODEL": model, "PORT": str(port), "HOST": "127.0.0.1",
         "VLLM_PORT": str(free_port()), "REPLICA_ID": replica_id, "POLL_INTERVAL_S": "0.5",
         "MAX_MODEL_LEN": "2048", "HF_HUB_OFFLINE": "1", "HEARTBEAT_INTERVAL_S": "2",
-        "VLLM_EXTRA_ARGS": "--enforce-eager",  # skips a ~50 s compile step on the CPU build
+        # --enforce-eager skips a ~50 s compile step on the CPU build. One process for the engine
+        # and its worker: with the default multiprocess executor the idle worker spins on its
+        # message queue for 1 s after every step (shm_broadcast busy_loop_s), which took most of a
+        # core on a 2-core machine (py-spy: 87% of the worker's samples in the wait loop); 128
+        # held-out games took 8.7 s with it and 6.7 s without (docs/BENCHMARKS.md section 6).
+        "VLLM_EXTRA_ARGS": "--enforce-eager --distributed-executor-backend uni",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "ROLLOUT_PUBLIC_URL": f"http://127.0.0.1:{port}",  # announced: the trainer's fleet joins it
         **(extra_env or {}),
     }  # fmt: skip

@@ -35,15 +35,16 @@ def _num(logs: dict, *keys) -> float | None:
 
 
 class BucketMetricsCallback(TrainerCallback):
-    """Collects reward, loss, staleness, step time and publish costs per step and writes them, and
-    the evaluations, to the bucket.
+    """Collects reward, loss, staleness, the training games and their consistent share, step time
+    and publish costs per step and writes them, and the evaluations, to the bucket.
 
     Args:
         store: the run's store.
         run_id: the run.
         publisher: the DeltaPublisher (its committed entries give bytes, density, timings).
-        tagger: the ReplicaVersionTagger (staleness histogram, replica version), or None; may be
-            set after construction.
+        tagger: the ReplicaVersionTagger (staleness histogram, replica version, the training
+            games of each step and their consistent share), or None; may be set after
+            construction.
         keep: newest steps kept in the file.
         log_path: a local JSON-lines file that receives every logged dict in full (TRL's
             ``perf/*``, ``sample/*``, ``rollout/*`` counters), one line per step; None: none.
@@ -96,6 +97,11 @@ class BucketMetricsCallback(TrainerCallback):
         generated = consumed + self.tagger.left_in_queue()
         return round(dropped / generated, 4) if generated else None
 
+    def games_total(self) -> int | None:
+        """Training games (kept, scored episodes) the trainer took so far; None without a
+        tagger."""
+        return self.tagger.games_total if self.tagger is not None else None
+
     def add_eval(self, label: str, step: int, version: int | None, block: dict) -> None:
         """Record an evaluation block (``trainer.evaluate.summarize``) and write the metrics."""
         fields = {k: block[k] for k in EvalResult.model_fields if k in block}
@@ -125,6 +131,7 @@ class BucketMetricsCallback(TrainerCallback):
             with open(self.log_path, "a") as f:
                 f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
         entry = self.publisher.published[-1] if self.publisher.published else None
+        games = self.tagger.take_games() if self.tagger else None
         m = StepMetrics(
             step=state.global_step,
             version=entry.version if entry else None,
@@ -140,12 +147,15 @@ class BucketMetricsCallback(TrainerCallback):
             density=entry.density if entry and entry.delta else None,
             stale_fraction=self.stale_fraction(),
             turns_mean=_num(logs, "rollout/turns_mean"),
+            consistent_rate=games.consistent_rate if games else None,
+            games=games.games if games else None,
         )
         self.metrics.steps = (self.metrics.steps + [m])[-self.keep :]
         self._write(force=False)
         rv = self.tagger.replica_version if self.tagger else None
         msg = (
             f"step {m.step} reward={_fmt(m.reward)} turns={_fmt(m.turns_mean, 2)} "
+            f"cons={_fmt(m.consistent_rate, 2)} games={m.games} "
             f"loss={_fmt(m.loss)} step_s={_fmt(self.step_s[-1] if self.step_s else None, 1)} "
             f"v{m.version} replica=v{rv} stale={_fmt(m.stale_fraction, 2)} "
             f"bytes={m.bytes} density={_fmt(m.density, 5)}"

@@ -9,21 +9,108 @@ turns (``sample_versions_fn``: the router's record of each answer's ``X-Deltasyn
 translated to TRL's numbering; TRL's ``max_staleness`` then drops samples by their true age. It
 also keeps the staleness histogram of every sample the trainer took from the queue; those above
 ``max_staleness`` are the ones TRL dropped.
+
+It also counts the training games: each episode the trainer kept (not dropped as stale) and that
+was scored, once, with its consistent guesses (:func:`consistency`, read from the conversation's
+tool messages), per step (:meth:`ReplicaVersionTagger.take_games`) and in all (``games_total``).
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import math
+import re
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import board
 
 log = logging.getLogger("trainer.rollout_tagging")
 
+# An accepted guess in the game's reply (``wordle_env.game``): the guess, then its feedback row.
+_ACCEPTED = re.compile(r"You submitted \[([a-z]+)\]\.\nFeedback:\n[A-Z ]+\n([GYX ]+)\n")
+
+
+def accepted_moves(completion: Sequence[dict]) -> tuple[list[str], list[str]]:
+    """The accepted guesses of one episode and their feedback rows (``G``/``Y``/``X`` strings),
+    read from the game's replies in its tool messages (invalid moves and tool errors have none).
+
+    Args:
+        completion: the episode's messages after the prompt, as TRL's ``RolloutSample.completion``
+            holds them (assistant turns and ``{"role": "tool", "content": <reply>}``).
+    """
+    guesses, marks = [], []
+    for message in completion:
+        content = message.get("content")
+        if message.get("role") != "tool" or not isinstance(content, str):
+            continue
+        m = _ACCEPTED.match(content)
+        if m is not None:
+            guesses.append(m.group(1))
+            marks.append(m.group(2).replace(" ", ""))
+    return guesses, marks
+
+
+def consistency(completion: Sequence[dict]) -> tuple[int, int]:
+    """``(consistent, checked)`` of one episode, as ``trainer.wordle_task.EpisodeStats`` counts
+    them: ``checked`` accepted guesses from the 2nd on, ``consistent`` of them could still be the
+    secret word given all earlier feedback (``trainer.board.is_consistent``)."""
+    guesses, marks = accepted_moves(completion)
+    consistent = sum(
+        board.is_consistent(guesses[i], guesses[:i], marks[:i]) for i in range(1, len(guesses))
+    )
+    return consistent, max(0, len(guesses) - 1)
+
+
+@dataclass
+class GameTally:
+    """Training games counted together (one step's, or since the start).
+
+    Attributes:
+        games: episodes.
+        consistent: their consistent guesses; ``checked``: their guesses from the 2nd on.
+    """
+
+    games: int = 0
+    consistent: int = 0
+    checked: int = 0
+
+    @property
+    def consistent_rate(self) -> float | None:
+        """consistent / checked (None when no guess was checked)."""
+        return round(self.consistent / self.checked, 4) if self.checked else None
+
+
+@dataclass
+class _Episode:
+    """The episode of the last consumed sample: its group, messages, and where the trained tokens
+    of its last row start (``lead``: tokens of context before them)."""
+
+    group_id: int
+    completion: list
+    lead: int
+    counted: bool = False
+
+
+def _lead(sample) -> int:
+    """Context tokens before a row's first trained token."""
+    return int(np.argmax(np.asarray(sample.completion_mask) > 0))
+
+
+def _scored(sample) -> bool:
+    """Whether the sample's episode got a reward (TRL turns an unscored one into NaN)."""
+    reward = sample.metrics.get("reward")
+    return isinstance(reward, (int, float)) and math.isfinite(reward)
+
 
 class _CountingQueue:
-    """The rollout queue as TRL's dataset sees it; records each consumed sample's staleness."""
+    """The rollout queue as TRL's dataset sees it; records each consumed sample's staleness and
+    counts its episode."""
 
     def __init__(self, inner, tagger: ReplicaVersionTagger):
         self._inner = inner
@@ -32,7 +119,9 @@ class _CountingQueue:
     def get(self, *args, **kwargs):
         sample = self._inner.get(*args, **kwargs)
         self._tagger.retag(sample)
-        self._tagger.record(sample.model_version)
+        staleness = self._tagger.record(sample.model_version)
+        max_staleness = self._tagger.max_staleness
+        self._tagger.observe(sample, kept=max_staleness is None or staleness <= max_staleness)
         return sample
 
     def __getattr__(self, name):  # put_nowait, qsize, ... unchanged
@@ -75,6 +164,9 @@ class ReplicaVersionTagger:
         self.trl_version = 0
         self.replica_version: int | None = None
         self.staleness = Counter()  # TRL versions behind, for each consumed sample
+        self.games_total = 0  # training games (kept, scored episodes), each counted once
+        self._games = GameTally()  # since the last take_games()
+        self._episode: _Episode | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._poll, name="replica-version", daemon=True)
@@ -130,8 +222,47 @@ class ReplicaVersionTagger:
             sample.model_version = self.tag_for(min(versions))
             self.per_sample_tags += 1
 
-    def record(self, sample_version: int) -> None:
-        self.staleness[max(0, self.trl_version - int(sample_version))] += 1
+    def record(self, sample_version: int) -> int:
+        """Count a consumed sample in the staleness histogram; returns its staleness."""
+        staleness = max(0, self.trl_version - int(sample_version))
+        self.staleness[staleness] += 1
+        return staleness
+
+    def observe(self, sample, kept: bool) -> None:
+        """Count the episode of a consumed sample, once, if the trainer ``kept`` one of its rows
+        and it was scored.
+
+        TRL makes one or more rows (samples) per episode and puts them into the queue one after
+        the other, but the samples do not say which episode they come from. A sample continues
+        the previous one's episode when it has the same group and messages and its trained
+        tokens start later (a fork row begins at a later turn); the first row of an episode
+        starts right after the group's shared prompt, so two episodes with the same messages in
+        one group are still told apart.
+        """
+        ep, lead = self._episode, _lead(sample)
+        if (
+            ep is None
+            or ep.group_id != sample.group_id
+            or lead <= ep.lead
+            or ep.completion != sample.completion
+        ):
+            ep = self._episode = _Episode(sample.group_id, sample.completion, lead)
+        ep.lead = lead
+        if not kept or ep.counted or not _scored(sample):
+            return
+        ep.counted = True
+        consistent, checked = consistency(sample.completion)
+        with self._lock:
+            self.games_total += 1
+            self._games.games += 1
+            self._games.consistent += consistent
+            self._games.checked += checked
+
+    def take_games(self) -> GameTally:
+        """The training games counted since the last call (the step just logged), and reset."""
+        with self._lock:
+            games, self._games = self._games, GameTally()
+        return games
 
     def _retag(self) -> None:
         try:

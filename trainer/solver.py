@@ -1,10 +1,15 @@
 """A stochastic Wordle solver whose games are the warm start's supervised transcripts.
 
 The solver keeps the answers still consistent with every feedback row (``rules.feedback`` of the
-project's own rules) and picks, at random, one of the ``top_k`` best of them, scored by how common
-their distinct letters are among the remaining candidates. The first guess is drawn from the
-``n_openers`` best words of the whole answer list. Randomness matters: a GRPO group needs
-different games from one policy, and a deterministic teacher would teach one game per word.
+project's own rules). The first guess is drawn from the ``n_openers`` best words of the whole
+answer list (scored by how common their distinct letters are); every later guess is, by default,
+a uniformly random consistent answer (``top_k=None``), or one of the ``top_k`` best-scored ones.
+Randomness matters: a GRPO group needs different games from one policy, and a teacher that picks
+among a few best words teaches a narrow, partly arbitrary preference that the student cannot learn
+from the board alone (round 2: its SFT loss floor was that randomness, and the student did not
+read the feedback). The uniform teacher's lesson is exactly "play a word that fits the board",
+and it leaves GRPO room to learn which consistent words are better (the teacher of the handout
+experiment, ../shared/NOTES-wordle-learning.md: win rate 0.94).
 
 Measured with ``python -m trainer.solver`` (4,000 games, 2-core machine): see the note in
 docs/BENCHMARKS.md (win rate about 0.95, about 4 guesses per game).
@@ -37,8 +42,8 @@ def openers(n: int = 8) -> tuple[str, ...]:
 def solver_guesses(
     game: WordleGame,
     rng: random.Random,
-    top_k: int = 3,
-    n_openers: int = 5,
+    top_k: int | None = None,
+    n_openers: int = 7,
     explore: float = 0.0,
 ):
     """Play ``game`` to its end with the stochastic solver; yields each move's result.
@@ -46,28 +51,34 @@ def solver_guesses(
     Args:
         game: a fresh :class:`~wordle_env.game.WordleGame`.
         rng: the random source (seed it for reproducible games).
-        top_k: the solver picks uniformly among this many best consistent words.
+        top_k: the solver picks uniformly among this many best consistent words; None: among all
+            of them.
         n_openers: the first guess is drawn from this many best openers.
         explore: probability that a later guess is a random answer not yet played instead (a
             weak player's move): games then look like a learner's own, longer and less consistent.
 
     Yields:
-        ``(guess, MoveResult, explored)`` for every move, the last one ends the game.
+        ``(guess, MoveResult, explored, options)`` for every move, the last one ends the game;
+        ``options`` are the words the guess was drawn from, uniformly: the teacher's whole
+        distribution for that move (the warm start's soft target); empty for an explored move.
     """
     candidates = list(wordlists.answers())
     while not game.done:
         explored = bool(game.guesses) and rng.random() < explore
         if not game.guesses:
-            guess = rng.choice(openers()[:n_openers])
-        elif explored:
-            guess = rng.choice(wordlists.answers())
+            options = openers()[:n_openers]
+        elif explored:  # not a lesson: no options
+            options, guess = (), rng.choice(wordlists.answers())
             while guess in game.guesses:
                 guess = rng.choice(wordlists.answers())
+        elif top_k is None:
+            options = tuple(candidates)
         else:
-            best = _scores(candidates)[:top_k]
-            guess = rng.choice(best)[1]
+            options = tuple(w for _, w in _scores(candidates)[:top_k])
+        if options:
+            guess = rng.choice(options)
         result = game.play(f"[{guess}]")
-        yield guess, result, explored
+        yield guess, result, explored, options
         if result.marks is not None:
             candidates = [
                 w for w in candidates if w != guess and rules.feedback(guess, w) == result.marks

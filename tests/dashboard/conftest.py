@@ -4,7 +4,7 @@
 ``DeltaPublisher``, follows them with real ``Follower``s (``deltasync.follow``: one per simulated
 replica, apply path "cpu-dict": verified patches are applied to a separate serving dict inside the
 "pause"), writes each replica's ``ReplicaHeartbeat`` with its ``SyncRecord``s, and
-the trainer's ``TrainerMetrics``. ``recorded_bucket`` is a finished recording; ``run_recorder``
+the trainer's ``TrainerMetrics`` (its steps, and an evaluation every 4 steps). ``recorded_bucket`` is a finished recording; ``run_recorder``
 hands out the class for tests that record while the dashboard runs.
 """
 
@@ -21,6 +21,7 @@ from deltasync.follow import Follower
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.status import (
     TRAINER_METRICS_PATH,
+    EvalResult,
     ReplicaHeartbeat,
     StepMetrics,
     TrainerMetrics,
@@ -129,11 +130,37 @@ class RunRecorder:
                 bytes=(entry.delta.bytes if entry.delta else 0)
                 + (entry.anchor.bytes if entry.anchor else 0),
                 density=entry.density,
+                consistent_rate=float(self.rng.uniform(0, 1)),
+                games=int(self.rng.integers(1, 9)),
             )
         )
+        if entry.step % 4 == 0:  # a learning-curve point
+            self.metrics.evals.append(self._eval(entry.step, version))
         self.metrics.updated_at = time.time()
         self.store.write_bytes(TRAINER_METRICS_PATH, self.metrics.model_dump_json().encode())
         return version
+
+    def _eval(self, step: int, version: int) -> EvalResult:
+        """An evaluation at ``step`` with random rates (label "before" at step 0)."""
+
+        def rate() -> float:
+            return round(float(self.rng.uniform(0, 1)), 4)
+
+        return EvalResult(
+            label="before" if step == 0 else f"step-{step}",
+            step=step,
+            version=version,
+            episodes=16,
+            wellformed_rate=rate(),
+            valid_guess_rate=rate(),
+            reward_mean=rate(),
+            reward_se=0.05,
+            win_rate=rate(),
+            guesses_mean=5.0,
+            consistent_rate=rate(),
+            invalid_rate=rate(),
+            stopped_early_rate=rate(),
+        )
 
     def _sync(self, r: _Replica) -> None:
         pulled = r.follower.poll()
@@ -175,7 +202,8 @@ def run_recorder() -> type[RunRecorder]:
 @pytest.fixture
 def recorded_bucket(tmp_path) -> Iterator[tuple[str, RunRecorder]]:
     """A finished recording: 8 versions (anchors every 3), replicas r0 (every version) and r1
-    (every 2nd version, so it lags one version at odd versions). Yields (uri, recorder)."""
+    (every 2nd version, so it lags one version at odd versions), evaluations at steps 0 and 4.
+    Yields (uri, recorder)."""
     uri = str(tmp_path / "bucket")
     rec = RunRecorder(uri)
     for _ in range(8):

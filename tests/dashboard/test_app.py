@@ -18,7 +18,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning")
 gr = pytest.importorskip("gradio", reason="the dashboard extra (gradio) is not installed")
 gradio_client = pytest.importorskip("gradio_client", reason="gradio_client (dev extra) missing")
 
-from dashboard.ui import DashboardConfig, build_app, plot_update  # noqa: E402
+from dashboard.frames import CURVE_SERIES, TRAIN_CONSISTENT  # noqa: E402
+from dashboard.ui import FIXED_COLORS, PLOTS, DashboardConfig, build_app, plot_update  # noqa: E402
 
 
 def _free_port() -> int:
@@ -58,7 +59,7 @@ def test_api_matches_the_data_layer(recorded_bucket):
         assert table["headers"][:3] == ["replica", "health", "status"]
         assert [r[0] for r in table["data"]] == want.replica.tolist()
         names = ["versions", "lag", "lag", "payloads", "density", "syncs", "sync_phases"]
-        names += ["reward", "lag", "training", "staleness"]
+        names += ["reward", "curve", "lag", "training", "staleness"]
         assert len(plots) == len(names)
         for name, plot in zip(names, plots, strict=True):
             value = plot["value"] if plot.get("__type__") == "update" else plot
@@ -70,6 +71,12 @@ def test_api_matches_the_data_layer(recorded_bucket):
         assert set(colors[0]) == {"trainer", "r0", "r1"}
         assert colors[1] == {k: v for k, v in colors[0].items() if k != "trainer"}
         assert set(colors[3]) == {"anchor", "delta"}
+        # the learning curve: its series in their fixed colors, the label in each tooltip
+        curve = plots[names.index("curve")]
+        assert {k for k in curve["color_map"] if k != "~gen"} == {*CURVE_SERIES, TRAIN_CONSISTENT}
+        assert all(curve["color_map"][k] == FIXED_COLORS[k] for k in CURVE_SERIES)
+        assert "label" in next(s for s in PLOTS if s.frame == "curve").tooltip
+        assert "consistent" in summary
     finally:
         demo.close()
 

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from dashboard.data import BucketReader
-from dashboard.frames import BYTES_PER_MB, COLUMNS
+from dashboard.frames import BYTES_PER_MB, COLUMNS, CURVE_SERIES, TRAIN_CONSISTENT
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import (
     TRAINER_METRICS_PATH,
@@ -124,6 +124,26 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
         assert mean == pytest.approx(sum(int(k) * c for k, c in s.staleness.items()) / n)
     staleness = snap.frame("staleness")
     assert int(staleness["count"].sum()) == sum(sum(s.staleness.values()) for s in metrics.steps)
+    assert training.consistent_rate.tolist() == pytest.approx(
+        [s.consistent_rate for s in metrics.steps]
+    )
+    assert training.games.tolist() == [s.games for s in metrics.steps]
+
+    # the learning curve: per evaluation its reward, win rate and consistent share at its step,
+    # then the training games' consistent share per step
+    curve = snap.frame("curve")
+    assert [e.label for e in metrics.evals] == ["before", "step-4"]
+    for series, field in CURVE_SERIES.items():
+        mine = curve[curve.series == series]
+        assert mine.label.tolist() == [e.label for e in metrics.evals], series
+        assert mine.step.tolist() == [e.step for e in metrics.evals], series
+        assert mine.value.tolist() == pytest.approx([getattr(e, field) for e in metrics.evals])
+    train = curve[curve.series == TRAIN_CONSISTENT]
+    assert train.step.tolist() == training.step.tolist()
+    assert train.value.tolist() == pytest.approx(training.consistent_rate.tolist())
+    assert set(train.label) == {"training"}
+    evals = snap.frame("evals")
+    assert evals.stopped_early_rate.tolist() == [e.stopped_early_rate for e in metrics.evals]
 
     # status table
     status = snap.frame("status").set_index("replica")
@@ -306,6 +326,12 @@ def test_reward_curve_with_evaluations_and_stale_fraction():
     assert snap.frame("training").stale_fraction.tolist() == pytest.approx([0, 0.05, 0.1, 0.15])
     assert snap.frame("evals").label.tolist() == ["before", "after"]
     assert "eval **after**" in snap.markdown(public=True)
+    # written before consistent_rate was measured: the curve leaves it out, the table has NaN
+    curve = snap.frame("curve")
+    assert sorted(set(curve.series)) == ["reward (eval)", "win rate (eval)"]
+    assert curve[curve.series == "win rate (eval)"].value.tolist() == [0.25, 0.25]
+    assert snap.frame("evals").consistent_rate.isna().all()
+    assert "consistent" not in snap.markdown()
     assert public_error("DeltaCorruptError: /tmp/x/deltas/v5 digest") == "refused a corrupt payload"
     assert "/tmp" not in public_error("OSError: /tmp/secret")
 

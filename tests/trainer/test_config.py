@@ -64,7 +64,9 @@ def test_flags_win_over_variables_and_secrets_have_no_flag(env, capsys):
             from_args([secret, "x"])
     with pytest.raises(SystemExit):
         from_args(["--help"])
-    assert "default: $STEPS, else 30" in capsys.readouterr().out.replace("\n", " ")
+    assert f"default: $STEPS, else {TrainConfig.max_steps}" in capsys.readouterr().out.replace(
+        "\n", " "
+    )
 
 
 def test_run_id_defaults_to_the_bucket_name(env):

@@ -264,8 +264,16 @@ def test_each_sample_is_tagged_with_the_oldest_version_that_answered_it(replicas
     cases = [(by[old.url], 1), (by[new.url], 3), (list(range(500, 540)), stale_group_tag)]
     assert first_on == old.url  # a tie goes to the first replica listed
     cases.append((moved, 1))  # began on v3, finished on v5: as old as its oldest turn
-    for tokens, _ in cases:
-        inner.rollout_buffer.put(SimpleNamespace(input_ids=tokens, model_version=stale_group_tag))
+    for i, (tokens, _) in enumerate(cases):  # the RolloutSample fields the tagger reads
+        sample = SimpleNamespace(
+            input_ids=tokens,
+            model_version=stale_group_tag,
+            completion=[],
+            completion_mask=[1] * len(tokens),
+            group_id=i,
+            metrics={"reward": 0.0},
+        )
+        inner.rollout_buffer.put(sample)
     got = [tagger.rollout_buffer.get(timeout=1).model_version for _ in cases]
     assert got == [want for _, want in cases]
     assert tagger.per_sample_tags == len(cases) - 1  # the unknown sample keeps its group's tag

@@ -4,7 +4,21 @@ bucket version the replica serves, and consumed samples feed the staleness histo
 import queue
 from types import SimpleNamespace
 
+import numpy as np
+
 from trainer.rollout_tagging import ReplicaVersionTagger
+
+
+def _sample(model_version: int) -> SimpleNamespace:
+    """A RolloutSample's fields that the tagger reads (one trained token, an empty episode)."""
+    return SimpleNamespace(
+        model_version=model_version,
+        group_id=0,
+        completion=[],
+        input_ids=np.arange(2),
+        completion_mask=np.array([0, 1]),
+        metrics={"reward": 0.0},
+    )
 
 
 class FakeWorker:
@@ -52,7 +66,7 @@ def test_consumed_samples_fill_the_staleness_histogram():
     tagger = ReplicaVersionTagger(inner, lambda: None, lambda: None, poll_s=3600)
     tagger.trl_version = 5
     for v in (5, 4, 4, 2):
-        inner.rollout_buffer.put(SimpleNamespace(model_version=v))
+        inner.rollout_buffer.put(_sample(v))
     got = [tagger.rollout_buffer.get(timeout=1).model_version for _ in range(4)]
     assert got == [5, 4, 4, 2]
     assert dict(tagger.staleness) == {0: 1, 1: 2, 3: 1}

@@ -68,3 +68,35 @@ def test_bound_score_queue_reaches_the_rollout_loop_arguments():
     assert not bound_score_queue(SimpleNamespace(rollout_worker=None), groups=1)
     with pytest.raises(TRLCompatError, match="score_queue_maxsize"):
         bound_score_queue(SimpleNamespace(rollout_worker=SimpleNamespace()), groups=1)
+
+
+def test_compact_lm_head_scores_trained_positions_as_the_full_head():
+    """After apply(), TRL's fused LM head on CPU scores only positions whose label is trained, and
+    their log-probabilities equal log_softmax of the model's own logits there (gradients too)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    if torch.cuda.is_available():
+        pytest.skip("the patch applies on CPU only")
+    trl_compat.apply()
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    model = Qwen3ForCausalLM(config)
+    ids = torch.randint(0, 97, (1, 12))
+    labels = torch.full((1, 12), -100)
+    labels[0, 5:9] = ids[0, 6:10]  # four trained positions, pre-shifted
+    want = model(input_ids=ids).logits.log_softmax(-1)[0, 5:9].gather(1, ids[0, 6:10, None])[:, 0]
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    out = model(input_ids=ids, shift_labels=labels, fused_lm_head=True)
+    torch.testing.assert_close(out.log_probs[0, 5:9], want, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(out.log_probs[0, :5]) == 0  # untrained: not scored
+    out.log_probs.sum().backward()
+    assert model.lm_head.weight.grad is not None

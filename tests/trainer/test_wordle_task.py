@@ -131,9 +131,12 @@ def _play(words: list[str], target: str = "crane") -> EpisodeStats:
     for w in words:
         r = game.play(f"[{w}]")
         obs = SimpleNamespace(
-            done=game.done, won=game.won, feedback=list(game.marks),
+            done=game.done,
+            won=game.won,
+            guesses=list(game.guesses),
+            feedback=list(game.marks),
             error_code=None if r.invalid is None else r.invalid.code,
-        )  # fmt: skip
+        )
         stats.record(obs)
     return stats
 
@@ -156,3 +159,35 @@ def test_call_message_renders_as_the_rollout_parses_it(tokenizer):
     messages = prompt_messages() + [call_message("crane")]
     text = warm_start.render(messages, tokenizer)
     assert parse_call(text.rsplit("<|im_start|>assistant", 1)[1]) == "crane"
+
+
+def test_soft_targets_are_the_teachers_options_at_each_called_word(tokenizer):
+    """The warm start's soft target at each trained call is the set the solver drew the word
+    from: it holds the played word, its position is the called word's own token, and every option
+    of a later call fits every earlier feedback row."""
+    from trainer import board
+    from trainer.wordle_task import solver_conversation
+
+    rng, checked = random.Random(7), 0
+    for target in random.Random(8).sample(wordlists.answers(), 15):
+        messages = solver_conversation(WordleGame(target), rng, explore=0.3)
+        text = warm_start.render(messages, tokenizer)
+        ids, mask = warm_start.encode_with_mask(
+            text, tokenizer, warm_start._trained_turns(messages)
+        )
+        targets = warm_start.soft_targets(ids, mask, messages, tokenizer)
+        calls = [m for m in messages if m.get("tool_calls") and m["train"]]
+        assert len(targets) == len(calls)
+        for (pos, option_ids), call in zip(targets, calls, strict=True):
+            word = call["tool_calls"][0]["function"]["arguments"]["word"]
+            assert tokenizer.decode([ids[pos]]) == word
+            assert word in tokenizer.convert_ids_to_tokens(option_ids)
+        game = WordleGame(target)
+        for m in messages:
+            if not m.get("tool_calls"):
+                continue
+            if game.guesses and m["train"]:
+                assert all(board.is_consistent(o, game.guesses, game.marks) for o in m["options"])
+                checked += 1
+            game.play(f"[{m['tool_calls'][0]['function']['arguments']['word']}]")
+    assert checked > 10

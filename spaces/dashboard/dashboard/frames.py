@@ -12,7 +12,7 @@ from typing import Literal
 import pandas as pd
 
 from deltasync.manifest import VersionEntry
-from deltasync.status import SyncRecord, lag_s, lag_versions
+from deltasync.status import EvalResult, SyncRecord, lag_s, lag_versions
 
 BYTES_PER_MB = 1e6  # "MB" in the frames and plots is 10^6 bytes
 
@@ -35,20 +35,25 @@ COLUMNS: dict[str, list[str]] = {
     ).split(),
     # the same syncs in long form: phase "fetch" | "decode" | "apply" | "paused"
     "sync_phases": "time replica version phase seconds".split(),
-    # one row per trainer step
+    # one row per trainer step; consistent_rate and games: the step's training games
     "training": (
         "step time version reward loss staleness_mean stale_fraction diff_s encode_s upload_s mb "
-        "density"
+        "density consistent_rate games"
     ).split(),
     # reward per step in long form for one plot: series "train" (the trainer's mean reward) and
     # one series per evaluation, "eval <label> ±SE" (three points at its step: mean - SE, mean,
     # mean + SE, drawn as a vertical error bar)
     "reward": "step reward series".split(),
-    # one row per evaluation (TrainerMetrics.evals)
+    # one row per evaluation (TrainerMetrics.evals); the last three rates are NaN in older files
     "evals": (
         "label step version episodes reward_mean reward_se win_rate wellformed_rate "
-        "valid_guess_rate guesses_mean time"
+        "valid_guess_rate guesses_mean consistent_rate invalid_rate stopped_early_rate time"
     ).split(),
+    # the learning curve in long form: one row per evaluation and series (CURVE_SERIES: its mean
+    # reward, win rate and consistent share; label: the evaluation's), and one per trainer step
+    # for the consistent share of the step's training games (series TRAIN_CONSISTENT, label
+    # "training")
+    "curve": "step value series label".split(),
     # the staleness histogram in long form: staleness (versions, as text) -> sample count
     "staleness": "step staleness count".split(),
     # one row per replica heartbeat currently in the bucket
@@ -57,6 +62,14 @@ COLUMNS: dict[str, list[str]] = {
         "errors last_error apply_path url fleet_state inflight served served_per_s failed"
     ).split(),
 }
+
+# The learning curve's series of each evaluation: series name -> EvalResult field.
+CURVE_SERIES = {
+    "reward (eval)": "reward_mean",
+    "win rate (eval)": "win_rate",
+    "consistent share (eval)": "consistent_rate",
+}
+TRAIN_CONSISTENT = "consistent share (training)"
 
 # Columns holding text (nominal in plots); "time" is datetime; every other column is numeric.
 TEXT_COLUMNS = frozenset(
@@ -164,9 +177,15 @@ class Snapshot:
                 lines.append(f"warning: {w}")
         evals = self.frame("evals")
         for r in evals.itertuples():
+            consistent = (
+                f", consistent {100 * r.consistent_rate:.0f}%"
+                if pd.notna(r.consistent_rate)
+                else ""
+            )
             lines.append(
                 f"eval **{r.label}** (step {r.step}, {r.episodes} games): reward "
                 f"{r.reward_mean:.3f} ± {r.reward_se:.3f} (SE), win rate {100 * r.win_rate:.0f}%"
+                f"{consistent}"
             )
         stamp = time.strftime("%H:%M:%S", time.localtime(self.read_at))
         lines.append(
@@ -193,6 +212,7 @@ class FramesFromHistory:
             "training": self._training_frame(),
             "reward": self._reward_frame(),
             "evals": self._evals_frame(),
+            "curve": self._curve_frame(),
             "staleness": self._staleness_frame(),
             "status": self._status_frame(now),
         }
@@ -263,8 +283,24 @@ class FramesFromHistory:
             n = sum(s.staleness.values())
             mean = sum(int(b) * c for b, c in s.staleness.items()) / n if n else None
             mb = None if s.bytes is None else s.bytes / BYTES_PER_MB
-            rows.append((s.step, s.time, s.version, s.reward, s.loss, mean, s.stale_fraction,
-                         s.diff_s, s.encode_s, s.upload_s, mb, s.density))  # fmt: skip
+            rows.append(
+                (
+                    s.step,
+                    s.time,
+                    s.version,
+                    s.reward,
+                    s.loss,
+                    mean,
+                    s.stale_fraction,
+                    s.diff_s,
+                    s.encode_s,
+                    s.upload_s,
+                    mb,
+                    s.density,
+                    s.consistent_rate,
+                    s.games,
+                )
+            )
         return _frame("training", rows)
 
     def _reward_frame(self) -> pd.DataFrame:
@@ -273,19 +309,36 @@ class FramesFromHistory:
             for k in sorted(self._steps)
             if self._steps[k].reward is not None
         ]
-        for ev in sorted(self._evals.values(), key=lambda e: (e.step, e.label)):
+        for ev in self._sorted_evals():
             series = f"eval {ev.label} ±SE"
             for y in (ev.reward_mean - ev.reward_se, ev.reward_mean, ev.reward_mean + ev.reward_se):
                 rows.append((ev.step, y, series))
         return _frame("reward", rows)
 
     def _evals_frame(self) -> pd.DataFrame:
-        rows = [
-            (e.label, e.step, e.version, e.episodes, e.reward_mean, e.reward_se, e.win_rate,
-             e.wellformed_rate, e.valid_guess_rate, e.guesses_mean, e.time)
-            for e in sorted(self._evals.values(), key=lambda e: (e.step, e.label))
-        ]  # fmt: skip
+        cols = COLUMNS["evals"]
+        rows = [tuple(getattr(e, c) for c in cols) for e in self._sorted_evals()]
         return _frame("evals", rows)
+
+    def _curve_frame(self) -> pd.DataFrame:
+        """The learning curve: each evaluation's ``CURVE_SERIES`` at its step (a rate that an
+        older file lacks is left out), then the training games' consistent share per step."""
+        rows = [
+            (e.step, getattr(e, field), series, e.label)
+            for e in self._sorted_evals()
+            for series, field in CURVE_SERIES.items()
+            if getattr(e, field) is not None
+        ]
+        rows += [
+            (k, s.consistent_rate, TRAIN_CONSISTENT, "training")
+            for k, s in sorted(self._steps.items())
+            if s.consistent_rate is not None
+        ]
+        return _frame("curve", rows)
+
+    def _sorted_evals(self) -> list[EvalResult]:
+        """The evaluations seen, by step (then label)."""
+        return sorted(self._evals.values(), key=lambda e: (e.step, e.label))
 
     def _staleness_frame(self) -> pd.DataFrame:
         rows = [

@@ -41,6 +41,11 @@ FIXED_COLORS = {
     "decode": "#ff7f0e",
     "apply": "#2ca02c",
     "paused": "#d62728",
+    # the learning curve (dashboard.frames.CURVE_SERIES, TRAIN_CONSISTENT)
+    "reward (eval)": "#1f77b4",
+    "win rate (eval)": "#2ca02c",
+    "consistent share (eval)": "#d62728",
+    "consistent share (training)": "#f4a6a6",
 }
 STALENESS_COLORS = ["#2ca02c", "#bcbd22", "#ff7f0e", "#d62728", "#8c564b", "#7f7f7f"]
 
@@ -57,6 +62,7 @@ class PlotSpec(NamedTuple):
     elem_id: str
     title: str
     y_title: str
+    tooltip: str | list[str] = "axis"  # Gradio's: "axis", or the columns a point's tooltip shows
 
 
 # The page's plots in the order ``/refresh`` sends them (its clients unpack them by position).
@@ -70,6 +76,7 @@ PLOTS = [
     PlotSpec(3, gr.ScatterPlot, "syncs", "time", "paused_s", "replica", "plot-paused", "Paused window per sync", "generation paused (s)"),
     PlotSpec(3, gr.ScatterPlot, "sync_phases", "time", "seconds", "phase", "plot-phases", "Fetch / decode / apply per sync", "seconds"),
     PlotSpec(0, gr.LinePlot, "reward", "step", "reward", "series", "plot-reward", "Reward per step, evaluations as mean ± SE", "mean reward"),
+    PlotSpec(0, gr.LinePlot, "curve", "step", "value", "series", "plot-curve", "Learning curve: held-out evaluations, consistent share of training games", "share / mean reward", ["label", "series", "step", "value"]),
     PlotSpec(0, gr.LinePlot, "lag", "time", "lag_s", "replica", "plot-lag-seconds-main", "Sync lag (seconds)", "seconds behind newest publish"),
     PlotSpec(4, gr.LinePlot, "training", "step", "stale_fraction", None, "plot-stale-fraction", "Stale fraction (discarded / generated samples)", "fraction"),
     PlotSpec(4, gr.BarPlot, "staleness", "step", "count", "staleness", "plot-staleness", "Staleness of training samples", "samples (by versions stale)"),
@@ -195,7 +202,7 @@ def plot_update(df: pd.DataFrame, color: str | None, replicas: list[str], seen: 
 
 def _plot(spec: PlotSpec) -> gr.LinePlot | gr.BarPlot | gr.ScatterPlot:
     """The Gradio plot that ``spec`` describes, rendered where it is created."""
-    same_name = ("x", "y", "color", "title", "y_title", "elem_id")  # Gradio's names for them
+    same_name = ("x", "y", "color", "title", "y_title", "elem_id", "tooltip")  # Gradio's names
     args = {name: getattr(spec, name) for name in same_name}
     return spec.kind(**args, height=PLOT_HEIGHT, **X_AXES[spec.x])
 
