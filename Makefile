@@ -98,10 +98,10 @@ train: setup
 	BUCKET="$(BUCKET)" MODEL="$(MODEL)" VLLM_URL="$(VLLM_URL)" ENV_URL="$(ENV_URL)" \
 	  RUN_ID="$(RUN_ID)" STEPS="$(STEPS)" $(TRAIN_LAUNCH) trainer $(TRAIN_ARGS)
 
-# make eval [RUN=wordle-local] [SEEDS=900000:64]: a finished run's initial model vs its newest
+# make eval [RUN=wordle-local] [SEEDS=900000:128]: a finished run's initial model vs its newest
 # bucket version on held-out games, each through a vLLM replica started for it (trainer/evaluate.py)
 eval: setup
-	$(PY) -m trainer.evaluate --run "$(or $(RUN),wordle-local)" --seeds "$(or $(SEEDS),900000:64)"
+	$(PY) -m trainer.evaluate --run "$(or $(RUN),wordle-local)" --seeds "$(or $(SEEDS),900000:128)"
 
 # make e2e: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/e2e.py)
 e2e: setup

@@ -54,9 +54,12 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=WarmStartConfig.epochs)
     p.add_argument("--cache", default=str(REPO / "runs" / "cache"))
     p.add_argument(
-        "--set", action="append", default=[], metavar="FIELD=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
         help="override a WarmStartConfig field for every variant (e.g. --set explore=0.1)",
-    )  # fmt: skip
+    )
     args = p.parse_args()
     fields = {f.name: f.type for f in dataclasses.fields(WarmStartConfig)}
     overrides = {}
@@ -88,16 +91,24 @@ def main() -> None:
                 replica.wait_healthy(900)
                 t0 = time.time()
                 block = evaluate(
-                    replica.url, path, wordle.url, eval_seeds(count=args.episodes), 32, 1.0,
+                    replica.url,
+                    path,
+                    wordle.url,
+                    eval_seeds(count=args.episodes),
+                    32,
+                    1.0,
                     board=cfg.board,
-                )  # fmt: skip
+                )
             finally:
                 replica.stop()
             row = {
-                "variant": name, **block, "eval_s": round(time.time() - t0, 1),
-                "sft_s": round(built["train_s"], 1), "sft_loss_last": round(built["loss_last"], 3),
+                "variant": name,
+                **block,
+                "eval_s": round(time.time() - t0, 1),
+                "sft_s": round(built["train_s"], 1),
+                "sft_loss_last": round(built["loss_last"], 3),
                 "config": dataclasses.asdict(cfg),
-            }  # fmt: skip
+            }
             rows.append(row)
             print(
                 f"{name:12s} consistent {row['consistent_rate']:.3f} win {row['win_rate']:.3f} "

@@ -154,7 +154,7 @@ def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: i
     """
     cfg = TrainConfig(
         run_id=run_id, runs_root=runs_root, max_steps=steps, anchor_every=anchor_every,
-        num_generations=4, per_device_train_batch_size=8,
+        num_generations=4, per_device_train_batch_size=8, token_budget=3072,
         dashboard=True, dashboard_port=local_stack.free_port(), eval_episodes=16,
         eval_every=0, fleet_health_interval_s=1.0,
     )  # fmt: skip

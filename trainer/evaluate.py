@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=main.__doc__)
     p.add_argument("--run", default=os.environ.get("RUN") or "wordle-local")
-    p.add_argument("--seeds", default=os.environ.get("SEEDS") or "900000:64")
+    p.add_argument("--seeds", default=os.environ.get("SEEDS") or "900000:128")
     p.add_argument("--runs-root", default="runs")
     p.add_argument("--max-tokens", type=int, default=TrainConfig.max_completion_length)
     args = p.parse_args(argv)

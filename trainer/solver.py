@@ -8,8 +8,9 @@ Randomness matters: a GRPO group needs different games from one policy, and a te
 among a few best words teaches a narrow, partly arbitrary preference that the student cannot learn
 from the board alone (round 2: its SFT loss floor was that randomness, and the student did not
 read the feedback). The uniform teacher's lesson is exactly "play a word that fits the board",
-and it leaves GRPO room to learn which consistent words are better (the teacher of the handout
-experiment, ../shared/NOTES-wordle-learning.md: win rate 0.94).
+and it leaves GRPO room to learn which consistent words are better (its own win rate is 0.93;
+against the top-3 teacher, the student's consistent share 0.47 vs 0.34: docs/BENCHMARKS.md
+section 6).
 
 Measured with ``python -m trainer.solver`` (4,000 games, 2-core machine): see the note in
 docs/BENCHMARKS.md (win rate about 0.95, about 4 guesses per game).

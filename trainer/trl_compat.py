@@ -1,7 +1,7 @@
 """Workarounds for TRL 1.16.0's AsyncGRPOTrainer on machines without CUDA, all in one place.
 
-TRL 1.16.0 assumes a CUDA trainer in two places (checked by reading its source and running it on
-CPU; see ../shared/NOTES-trl.md):
+TRL 1.16.0 assumes a CUDA trainer in three places (checked by reading its source and running it on
+CPU):
 
 1. ``AsyncGRPOTrainer.__init__`` calls ``get_peak_flops_per_device``, which calls
    ``torch.cuda.get_device_name()`` (AssertionError without CUDA). We replace it with one that

@@ -14,9 +14,8 @@ Measured with ``python -m trainer.wordle_model`` (prints the token counts): see 
 The board items the trainer adds to each tool reply (``trainer.board``: feedback cells, known,
 present and absent letters) are single tokens too, and :func:`spelling_init` gives the answer
 tokens and the item tokens embeddings built from shared letter-at-position vectors, so that the
-model knows each word's spelling before it has seen a game (the "spelling init" of the handout
-experiment, ../shared/NOTES-wordle-learning.md: after the same SFT budget, win rate 0.37 against
-0.00 from a random init; measured here in docs/BENCHMARKS.md section 6).
+model knows each word's spelling before it has seen a game (after the same warm start, win rate
+0.38 against 0.00 from a random init: docs/BENCHMARKS.md section 6).
 
 The chat template is TRL's ``qwen3_instruct_2507`` (Qwen3 without thinking blocks): TRL recognises it
 (tool-call parsing) and it is prefix-preserving, so TRL's rollout renders it as is.
@@ -171,8 +170,8 @@ def spelling_init(model, tokenizer) -> int:
 
     So the mean of a board's item rows, dotted with an answer's output row, already scores the
     answer by how well it agrees with the feedback; supervised fine-tuning only has to sharpen it.
-    The scheme is the handout experiment's (../shared/NOTES-wordle-learning.md); initialising new
-    vocabulary rows from their parts is common practice (e.g. the mean of sub-token embeddings).
+    Initialising new vocabulary rows from their parts is common practice (e.g. the mean of
+    sub-token embeddings); here the parts are letters at positions.
 
     Returns:
         The number of rows set.

@@ -20,7 +20,7 @@ STEPS = 7
 def test_e2e_short(tmp_path):
     report = run_e2e(
         steps=STEPS, anchor_every=3, late_at=1, kill_at=3, runs_root=str(tmp_path),
-        warm_start_games=1000, warm_start_epochs=1, eval_episodes=8,
+        warm_start_games=1000, warm_start_epochs=3, eval_episodes=8,
     )  # fmt: skip
     store = Store(str(tmp_path / "e2e" / "bucket"))
     metrics = TrainerMetrics.model_validate_json(store.read_bytes(TRAINER_METRICS_PATH))
