@@ -97,11 +97,6 @@ class BucketMetricsCallback(TrainerCallback):
         generated = consumed + self.tagger.left_in_queue()
         return round(dropped / generated, 4) if generated else None
 
-    def games_total(self) -> int | None:
-        """Training games (kept, scored episodes) the trainer took so far; None without a
-        tagger."""
-        return self.tagger.games_total if self.tagger is not None else None
-
     def add_eval(self, label: str, step: int, version: int | None, block: dict) -> None:
         """Record an evaluation block (``trainer.evaluate.summarize``) and write the metrics."""
         fields = {k: block[k] for k in EvalResult.model_fields if k in block}

@@ -172,7 +172,7 @@ def test_callback_writes_the_steps_consistent_share_and_games(capsys):
     assert (first.games, second.games) == (3, 0)
     assert first.consistent_rate == pytest.approx(stats.consistent / stats.checked, abs=1e-4)
     assert second.consistent_rate is None
-    assert cb.games_total() == 3
+    assert cb.tagger.games_total == 3
     out = capsys.readouterr().out
     assert f"cons={first.consistent_rate:.2f} games=3" in out and "cons=None games=0" in out
     ev = written.evals[0]
