@@ -397,16 +397,26 @@ class DeltaSubscriber:
             )
 
     def sync(self, held: HeldWeights, target: int | None = None) -> list[tuple[PlanStep, list]]:
-        """Bring ``held`` to ``target`` (default newest) once: ``deltasync.follow.Follower.poll``
-        with errors raised.
+        """Bring ``held`` to ``target`` (default newest) once, raising the first error.
 
-        Returns the applied (step, patches-or-full-tensors) pairs. On an error, ``held`` stays at
-        the last step that verified, and the error propagates.
+        The one-shot form of ``deltasync.follow.Follower.poll`` without ``report``: read the
+        manifest, plan from ``held.version``, then fetch and verify each step into ``held``.
+
+        Returns:
+            the applied (step, ``list[Patch]`` or ``list[FullTensor]``) pairs, oldest first;
+            empty when the run has no version yet or ``held`` is already at ``target``.
+
+        Raises:
+            the errors of :meth:`read_manifest`, :meth:`plan`, :meth:`fetch` and
+            :meth:`decode_into`; ``held`` then stays at the last step that verified.
         """
-        from .follow import Follower
-
-        pulled = Follower(self, held).poll(target)
-        return list(zip(pulled.steps, pulled.applied, strict=True)) if pulled else []
+        manifest = self.read_manifest()
+        if manifest is None or manifest.latest is None:
+            return []
+        done = []
+        for step in self.plan(held.version, manifest, target).steps:
+            done.append((step, self.decode_into(self.fetch(step), held, manifest)))
+        return done
 
 
 def merge_patches(held: HeldWeights, steps: list[list[Patch]]) -> list[Patch]:
