@@ -3,8 +3,9 @@ own overhead per request.
 
 Replicas are fake OpenAI-compatible servers on 127.0.0.1 (``tests/trainer/fleet_fakes.py``) that
 answer ``/v1/completions`` after ``PER_TOKEN_S`` x ``max_tokens`` (a fixed decode cost), all in
-one child process; the router (``trainer.router``, the real one) runs in a second child process;
-this process is the load: ``CLIENTS_PER_REPLICA`` x N closed-loop clients for ``SECONDS`` each.
+one child process; the router (``trainer.fleet.router``, the real one) runs in a second child
+process; this process is the load: ``CLIENTS_PER_REPLICA`` x N closed-loop clients for
+``SECONDS`` each.
 Targets (the fleet issue): throughput >= 0.8 x N x single up to N = 8; routing overhead p50 <= 2
 ms (sequential requests to a replica with no delay, through the router minus direct).
 
@@ -43,9 +44,9 @@ def _serve_fakes(n: int, per_token_s: float, out) -> None:
 
 
 def _serve_router(urls: list[str], out) -> None:
-    from trainer.fleet import ReplicaPool
-    from trainer.local_stack import free_port
-    from trainer.router import FleetRouter
+    from trainer.fleet.pool import ReplicaPool
+    from trainer.fleet.router import FleetRouter
+    from trainer.local.processes import free_port
 
     pool = ReplicaPool(urls, health_interval_s=5.0).start()
     out.send(FleetRouter(pool, wait_s=30.0).start(free_port()))

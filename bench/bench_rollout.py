@@ -29,7 +29,7 @@ sys.path.insert(0, REPO)
 
 def make_model(path: str, size: str) -> int:
     """Create the model folder; returns its parameter count. size: ``tiny`` or ``HIDDENxLAYERS``."""
-    from trainer.tiny_model import make_tiny_qwen3
+    from trainer.task.tiny_model import make_tiny_qwen3
 
     if size == "tiny":
         make_tiny_qwen3(path)
@@ -40,7 +40,7 @@ def make_model(path: str, size: str) -> int:
             num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256),
             vocab_size=32000,
         )  # fmt: skip
-    from trainer.tiny_model import checkpoint_tensors
+    from trainer.task.tiny_model import checkpoint_tensors
 
     return sum(t.numel() for t in checkpoint_tensors(path).values())
 
@@ -61,8 +61,8 @@ def bench_size(size: str, deltas: int, density: float, root: str) -> dict:
     from deltasync.publisher import DeltaPublisher, PublisherConfig
     from deltasync.status import read_heartbeats
     from deltasync.store import Store
-    from trainer import local_stack
-    from trainer.tiny_model import checkpoint_tensors
+    from trainer.local import processes
+    from trainer.task.tiny_model import checkpoint_tensors
 
     model = os.path.join(root, f"model-{size}")
     n_params = make_model(model, size)
@@ -72,17 +72,17 @@ def bench_size(size: str, deltas: int, density: float, root: str) -> dict:
     pub = DeltaPublisher(bucket, config=PublisherConfig(anchor_every=1000))
     pub.publish(list(bits.items()), step=0)
     pub.flush()
-    replica = local_stack.start_replica(bucket, model, root, replica_id=f"bench-{size}")
+    replica = processes.start_replica(bucket, model, root, replica_id=f"bench-{size}")
     try:
         replica.wait_healthy(1800)
         deadline = time.monotonic() + 600
-        while local_stack.held_version(replica.url) != 0 and time.monotonic() < deadline:
+        while processes.held_version(replica.url) != 0 and time.monotonic() < deadline:
             time.sleep(0.5)
         for v in range(1, deltas + 1):
             rl_step(bits, rng, density)
             pub.publish(list(bits.items()), step=v)
             pub.flush()
-            while local_stack.held_version(replica.url) != v and time.monotonic() < deadline:
+            while processes.held_version(replica.url) != v and time.monotonic() < deadline:
                 time.sleep(0.1)
         pub.close()
         time.sleep(3)  # the next heartbeat carries the last record

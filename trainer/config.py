@@ -65,7 +65,7 @@ class TrainConfig:
             (``per_device_train_batch_size``), so the next step's games are generated while the
             trainer runs this one (with one group, generation stopped during every step and the
             trainer then waited for it: 5 s of every 8 s step, 18 games per step).
-        warm_start_games: solver games in the local model's warm start (``trainer.warm_start``).
+        warm_start_games: solver games in the local model's warm start (``trainer.task.warm_start``).
         model_hidden_size: hidden size of the local model (``tiny``; Qwen3, head_dim 64).
         model_layers: decoder layers of the local model.
         warm_start_epochs: passes over them.

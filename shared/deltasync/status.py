@@ -110,13 +110,13 @@ class StepMetrics(_Strict):
     stale_fraction: float | None = None  # discarded / generated samples so far (TRL's counters)
     turns_mean: float | None = None  # assistant turns per episode (TRL's rollout/turns_mean)
     # share of the accepted guesses from the 2nd on that could still be the secret word given all
-    # earlier feedback, over the training games taken since the previous step (trainer.board)
+    # earlier feedback, over the training games taken since the previous step (trainer.task.board)
     consistent_rate: float | None = None
     games: int | None = None  # training games (episodes) taken since the previous step
 
 
 class EvalResult(_Strict):
-    """A fixed set of held-out Wordle games played through a replica (``trainer/evaluate.py``).
+    """A fixed set of held-out Wordle games played through a replica (``trainer/task/evaluate.py``).
 
     Rates are shares of guesses (``wellformed_rate``: assistant turns that are a parseable
     ``guess`` call; ``valid_guess_rate``: calls the game accepted as a word; ``consistent_rate``:

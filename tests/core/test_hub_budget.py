@@ -281,7 +281,7 @@ def test_rate_limit_waits_retry_after(hub):
 
 # ------------------------------------------------------------------------------ the fleet
 SHAPES = {"model.embed_tokens.weight": (64, 32), "lm_head.weight": (64, 32)}
-# trainer.metrics.BucketMetricsCallback rewrites metrics/trainer.json at most this often on a
+# trainer.loop.metrics.BucketMetricsCallback rewrites metrics/trainer.json at most this often on a
 # remote store (its min_write_interval_s); modelled here, as the trainer package needs torch
 METRICS_EVERY_S = 30.0
 
@@ -311,7 +311,7 @@ def _fleet(hub, tmp_path, minutes=5.0, publish_every_s=10.0, replicas=8):
         loops.append(loop)
     reader = BucketReader(URI, clock=clock)
     from trainer.config import TrainConfig
-    from trainer.fleet import ReplicaPool
+    from trainer.fleet.pool import ReplicaPool
 
     fleet = ReplicaPool(store=pub.store)  # the trainer's discovery of the replicas' URLs
     discover_every_s = TrainConfig().fleet_discover_interval_s
@@ -334,7 +334,7 @@ def _fleet(hub, tmp_path, minutes=5.0, publish_every_s=10.0, replicas=8):
             pub.publish(bits.items(), step=step)
             pub.flush()
             metrics.steps.append(StepMetrics(step=step, version=step, reward=0.1 * step))
-            if now - metrics_at >= METRICS_EVERY_S:  # trainer.metrics.BucketMetricsCallback
+            if now - metrics_at >= METRICS_EVERY_S:  # trainer.loop.metrics.BucketMetricsCallback
                 metrics_at = now
                 pub.store.write_bytes(TRAINER_METRICS_PATH, metrics.model_dump_json().encode())
             step += 1

@@ -30,7 +30,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The tiny untied Qwen3 (random init, seed 0) saved as a bf16 model folder."""
-    from trainer.tiny_model import make_tiny_qwen3
+    from trainer.task.tiny_model import make_tiny_qwen3
 
     return make_tiny_qwen3(str(tmp_path_factory.mktemp("tiny-qwen3")), seed=0)
 

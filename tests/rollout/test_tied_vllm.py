@@ -27,7 +27,7 @@ def test_tied_lm_head_follows_embedding_deltas(tmp_path):
     from rollout.engine import VLLMControl
     from rollout.launch import start_vllm, stop_process, wait_healthy
     from rollout.sync_loop import SyncLoop
-    from trainer.tiny_model import make_tiny_qwen3
+    from trainer.task.tiny_model import make_tiny_qwen3
 
     model = make_tiny_qwen3(str(tmp_path / "tied"), seed=1, tie_word_embeddings=True)
     port, log_path = free_port(), str(tmp_path / "vllm.log")

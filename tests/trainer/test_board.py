@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from trainer import board, warm_start, wordle_model
-from trainer.wordle_task import EpisodeStats, tool_reply
+from trainer.task import board, warm_start, wordle_model
+from trainer.task.wordle_task import EpisodeStats, tool_reply
 from wordle_env import rules, wordlists
 from wordle_env.game import WordleGame
 
@@ -75,7 +75,7 @@ def test_episode_stats_count_consistent_later_guesses():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from trainer.tiny_model import make_char_tokenizer
+    from trainer.task.tiny_model import make_char_tokenizer
 
     renderer = make_char_tokenizer(wordle_model.chat_template())
     games = warm_start.solver_games(40, seed=5)

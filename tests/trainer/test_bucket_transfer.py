@@ -1,4 +1,4 @@
-"""The trainer's bucket weight transfer (trainer.bucket_transfer) with a real DeltaPublisher and a
+"""The trainer's bucket weight transfer (trainer.loop.bucket_transfer) with a real DeltaPublisher and a
 real DeltaSubscriber on memory:// and file:// stores: versions advance, replicas follow bit for
 bit, a step with no change publishes an empty delta, and a restart continues the sequence."""
 
@@ -11,7 +11,7 @@ import torch
 from deltasync.bf16 import to_bf16_bits
 from deltasync.publisher import DeltaPublisher
 from deltasync.subscriber import DeltaSubscriber, HeldWeights
-from trainer.bucket_transfer import BucketWeightTransfer
+from trainer.loop.bucket_transfer import BucketWeightTransfer
 
 
 @pytest.fixture(params=["memory", "file"])

@@ -21,8 +21,8 @@ import pytest
 
 from deltasync.status import ReplicaHeartbeat, write_heartbeat
 from deltasync.store import Store
-from trainer.fleet import ReplicaPool, parse_vllm_urls
-from trainer.router import FleetRouter
+from trainer.fleet.pool import ReplicaPool, parse_vllm_urls
+from trainer.fleet.router import FleetRouter
 
 from .fleet_fakes import FakeReplica, free_port
 
@@ -225,7 +225,7 @@ def test_each_sample_is_tagged_with_the_oldest_version_that_answered_it(replicas
     import queue
     from types import SimpleNamespace
 
-    from trainer.rollout_tagging import ReplicaVersionTagger
+    from trainer.fleet.rollout_tagging import ReplicaVersionTagger
 
     old, new = replicas(1, version=3)[0], replicas(1, version=5)[0]
     pool = ReplicaPool([old.url, new.url], health_interval_s=0.2).start()

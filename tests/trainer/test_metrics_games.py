@@ -1,5 +1,5 @@
 """Training games and their consistent share: the consistent guesses read back from rendered
-conversations (``trainer.rollout_tagging.consistency``) equal what the environment's own
+conversations (``trainer.fleet.rollout_tagging.consistency``) equal what the environment's own
 ``EpisodeStats`` counts; the tagger counts each kept, scored episode once however many rows TRL
 made of it; and the metrics callback writes the step's share and game count to the bucket and its
 log line, and copies the new evaluation rates (not ``per_seed``)."""
@@ -16,8 +16,8 @@ import pytest
 
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
 from deltasync.store import Store
-from trainer.rollout_tagging import ReplicaVersionTagger, accepted_moves, consistency
-from trainer.wordle_task import EpisodeStats, call_message, solver_conversation
+from trainer.fleet.rollout_tagging import ReplicaVersionTagger, accepted_moves, consistency
+from trainer.task.wordle_task import EpisodeStats, call_message, solver_conversation
 from wordle_env import wordlists
 from wordle_env.game import WordleGame
 
@@ -154,7 +154,7 @@ class _FakePublisher:
 
 
 def test_callback_writes_the_steps_consistent_share_and_games(capsys):
-    from trainer.metrics import BucketMetricsCallback
+    from trainer.loop.metrics import BucketMetricsCallback
 
     store = Store("memory://test-metrics-games")
     worker = _FakeWorker()
@@ -186,7 +186,7 @@ def test_callback_writes_the_steps_consistent_share_and_games(capsys):
 
 
 def _eval_block() -> dict:
-    """A ``trainer.evaluate.summarize`` block, with ``evaluate(per_seed=True)``'s extra key."""
+    """A ``trainer.task.evaluate.summarize`` block, with ``evaluate(per_seed=True)``'s extra key."""
     return {
         "episodes": 4,
         "wellformed_rate": 1.0,

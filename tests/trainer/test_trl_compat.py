@@ -1,10 +1,10 @@
-"""TRL CPU workarounds (trainer.trl_compat): the CPU stand-in of the tree-attention kernel equals
+"""TRL CPU workarounds (trainer.loop.trl_compat): the CPU stand-in of the tree-attention kernel equals
 plain causal attention per packed segment (bottom-right aligned), and apply() patches TRL."""
 
 import pytest
 import torch
 
-from trainer import trl_compat
+from trainer.loop import trl_compat
 
 
 def reference(q, k, v, scale):
@@ -60,7 +60,7 @@ def test_bound_score_queue_reaches_the_rollout_loop_arguments():
 
     import pytest
 
-    from trainer.trl_compat import TRLCompatError, bound_score_queue
+    from trainer.loop.trl_compat import TRLCompatError, bound_score_queue
 
     trainer = SimpleNamespace(rollout_worker=SimpleNamespace(_loop_kwargs={"num_generations": 8}))
     assert bound_score_queue(trainer, groups=1)

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from trainer import warm_start, wordle_model
-from trainer.wordle_task import (
+from trainer.task import warm_start, wordle_model
+from trainer.task.wordle_task import (
     RESET_TEXT,
     EpisodeStats,
     call_message,
@@ -29,7 +29,7 @@ def games():
 
 @pytest.fixture(scope="module")
 def tokenizer(games):
-    from trainer.tiny_model import make_char_tokenizer
+    from trainer.task.tiny_model import make_char_tokenizer
 
     renderer = make_char_tokenizer(wordle_model.chat_template())
     return wordle_model.build_tokenizer([warm_start.render(g, renderer) for g in games])
@@ -165,8 +165,8 @@ def test_soft_targets_are_the_teachers_options_at_each_called_word(tokenizer):
     """The warm start's soft target at each trained call is the set the solver drew the word
     from: it holds the played word, its position is the called word's own token, and every option
     of a later call fits every earlier feedback row."""
-    from trainer import board
-    from trainer.wordle_task import solver_conversation
+    from trainer.task import board
+    from trainer.task.wordle_task import solver_conversation
 
     rng, checked = random.Random(7), 0
     for target in random.Random(8).sample(wordlists.answers(), 15):

@@ -6,7 +6,7 @@ serves the public front (``rollout.server``) on ``PORT``. When vLLM exits, the f
 (the Space restarts, and the new replica re-anchors from the bucket).
 
 Also usable from Python: ``start_vllm`` (one internal server, e.g. for tests). A whole replica as
-a subprocess is ``trainer.local_stack`` (``python -m rollout.launch`` with its environment).
+a subprocess is ``trainer.local.processes`` (``python -m rollout.launch`` with its environment).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ CPU):
    as torch ops. The log-probabilities of trained positions are the same either way.
 
 A fourth, the rollout child's ``add_response_schema``, accepts only known chat templates: the local
-model carries TRL's own Qwen3 template (``trainer.wordle_model``), so nothing is patched for it.
+model carries TRL's own Qwen3 template (``trainer.task.wordle_model``), so nothing is patched for it.
 
 A fifth is not CPU-specific: the rollout child buffers up to 16 finished GRPO groups waiting to be
 scored (``score_queue_maxsize``, not exposed by ``AsyncGRPOConfig``) on top of ``queue_maxsize``;
@@ -38,7 +38,7 @@ import logging
 
 import torch
 
-log = logging.getLogger("trainer.trl_compat")
+log = logging.getLogger("trainer.loop.trl_compat")
 TRL_VERSION = "1.16.0"
 
 
@@ -93,7 +93,7 @@ def apply() -> list[str]:
 
     if trl.__version__ != TRL_VERSION:
         raise TRLCompatError(
-            f"trainer/trl_compat.py was written for trl=={TRL_VERSION}, found {trl.__version__}; "
+            f"trainer/loop/trl_compat.py was written for trl=={TRL_VERSION}, found {trl.__version__}; "
             "install trl==1.16.0 or re-check each workaround against the new TRL source"
         )
     patched = []

@@ -18,7 +18,7 @@ import torch
 
 from deltasync.publisher import DeltaPublisher
 
-log = logging.getLogger("trainer.bucket_transfer")
+log = logging.getLogger("trainer.loop.bucket_transfer")
 
 
 class BucketWeightTransfer:

@@ -20,27 +20,28 @@ from dataclasses import dataclass
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.status import read_heartbeats
 from deltasync.store import Store
-
-from . import fleet, local_stack, ranks, trl_compat
-from .bucket_transfer import BucketWeightTransfer
-from .config import TINY, TrainConfig
-from .evaluate import check_context, evaluate
-from .learning_curve import EvalEvery, paired_difference
-from .metrics import BucketMetricsCallback, quiet_progress
-from .rollout_tagging import ReplicaVersionTagger
-from .router import FleetRouter
-from .wordle_task import ENV_URL_VAR, WordleToolEnv, eval_seeds, make_dataset
+from trainer.config import TINY, TrainConfig
+from trainer.fleet import pool as fleet_pool
+from trainer.fleet.rollout_tagging import ReplicaVersionTagger
+from trainer.fleet.router import FleetRouter
+from trainer.local import processes
+from trainer.loop import ranks, trl_compat
+from trainer.loop.bucket_transfer import BucketWeightTransfer
+from trainer.loop.learning_curve import EvalEvery, paired_difference
+from trainer.loop.metrics import BucketMetricsCallback, quiet_progress
+from trainer.task.evaluate import check_context, evaluate
+from trainer.task.wordle_task import ENV_URL_VAR, WordleToolEnv, eval_seeds, make_dataset
 
 log = logging.getLogger("trainer")
 
 
 def initial_model(cfg: TrainConfig) -> tuple[str, float]:
     """The model a new run starts from and the seconds spent building it: for ``tiny``, the
-    warm-started local model (``trainer.warm_start``, cached under ``runs/cache``)."""
+    warm-started local model (``trainer.task.warm_start``, cached under ``runs/cache``)."""
     model = cfg.model_id()
     if model != TINY:
         return model, 0.0
-    from .warm_start import WarmStartConfig, warm_start
+    from trainer.task.warm_start import WarmStartConfig, warm_start
 
     ws = WarmStartConfig(
         games=cfg.warm_start_games, epochs=cfg.warm_start_epochs, seed=cfg.seed,
@@ -135,7 +136,7 @@ def build_trainer(cfg: TrainConfig, model_path: str, publisher, replica_version_
     )
     trainer = AsyncGRPOTrainer(
         model=model_path,
-        reward_funcs=[],  # the environment's get_reward is the reward (trainer.wordle_task)
+        reward_funcs=[],  # the environment's get_reward is the reward (trainer.task.wordle_task)
         args=args,
         train_dataset=make_dataset(n_rows, cfg.seed),
         environment_factory=WordleToolEnv,
@@ -180,7 +181,7 @@ class RunContext:
     logs_dir: str
     children: list
     publisher: DeltaPublisher | None = None
-    fleet: fleet.ReplicaPool | None = None  # set once the rollout fleet is up
+    fleet: fleet_pool.ReplicaPool | None = None  # set once the rollout fleet is up
 
 
 def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -> dict:
@@ -189,7 +190,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
     Args:
         cfg: the configuration.
         callbacks: factories ``f(ctx: RunContext) -> transformers.TrainerCallback`` (e.g. the
-            fault injection of ``trainer.e2e``).
+            fault injection of ``trainer.local.e2eNone``).
         publisher_hook: ``f(ctx)`` called once the publisher exists.
         before_stop: ``f(ctx, summary)`` called after training, before the children stop; it may
             add to the summary.
@@ -203,17 +204,17 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
     store_uri = cfg.store_uri()
     storage = {"token": cfg.hf_token} if store_uri.startswith("hf://") and cfg.hf_token else {}
     store = Store(store_uri, **storage)
-    children: list[local_stack.Child] = []
+    children: list[processes.Child] = []
     stoppers: list = []  # the fleet router and pool, stopped before the children
     logs_dir = os.path.join(cfg.run_dir, "logs")
-    file_log = local_stack.log_to_file(os.path.join(logs_dir, "trainer.log"))
+    file_log = processes.log_to_file(os.path.join(logs_dir, "trainer.log"))
     t_start = time.time()
     try:
         base_model, warm_start_s = initial_model(cfg)
         model_path = prepare_model(cfg, store, base_model)
         env_url = cfg.env_url
         if env_url is None:
-            wordle = local_stack.start_wordle(logs_dir)
+            wordle = processes.start_wordle(logs_dir)
             children.append(wordle)
             env_url = wordle.url
         os.environ[ENV_URL_VAR] = env_url  # read by WordleToolEnv in TRL's rollout process
@@ -227,22 +228,22 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
                 **{k: v for k, v in retention.items() if v is not None},  # None: the default
             ),
         )
-        fixed_urls, discover = fleet.parse_vllm_urls(cfg.vllm_url)
+        fixed_urls, discover = fleet_pool.parse_vllm_urls(cfg.vllm_url)
         if not fixed_urls and not discover and cfg.local:  # one replica of our own
-            replica = local_stack.start_replica(store_uri, model_path, logs_dir)
+            replica = processes.start_replica(store_uri, model_path, logs_dir)
             children.append(replica)
             fixed_urls, discover = [replica.url], True  # late local replicas join by heartbeat
         elif not fixed_urls:  # a bucket and no VLLM_URL: every replica that follows it
             discover = True
         if cfg.dashboard and cfg.local:
-            children.append(local_stack.start_dashboard(store_uri, cfg.dashboard_port, logs_dir))
+            children.append(processes.start_dashboard(store_uri, cfg.dashboard_port, logs_dir))
             log.info("dashboard: http://127.0.0.1:%d", cfg.dashboard_port)
         ctx = RunContext(cfg, store, store_uri, model_path, logs_dir, children, publisher)
         if publisher_hook is not None:
             publisher_hook(ctx)
         for child in children:
             child.wait_healthy(900)
-        pool = fleet.ReplicaPool(
+        pool = fleet_pool.ReplicaPool(
             fixed_urls, store if discover else None, cfg.rollout_headers,
             published_version_fn=lambda: publisher.published[-1].version
             if publisher.published else None,
@@ -254,7 +255,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         ctx.fleet = pool
         stoppers.extend([router.stop, pool.stop])
         # TRL, the context check and the evaluations all reach the fleet through the router.
-        replica_url = cfg.vllm_url = router.start(local_stack.free_port())
+        replica_url = cfg.vllm_url = router.start(processes.free_port())
         log.info("rollout fleet behind %s: %s", replica_url, pool.describe())
 
         def replica_version():

@@ -1,8 +1,8 @@
 """The warm start of the local default model: supervised fine-tuning on solver transcripts.
 
 A random-init model never emits a well-formed tool call, so GRPO would see no reward differences.
-Before GRPO, :func:`warm_start` builds the task tokenizer (``trainer.wordle_model``), creates a
-small Qwen3 and fine-tunes it on games of the stochastic solver (``trainer.solver``) rendered with
+Before GRPO, :func:`warm_start` builds the task tokenizer (``trainer.task.wordle_model``), creates a
+small Qwen3 and fine-tunes it on games of the stochastic solver (``trainer.task.solver``) rendered with
 exactly the chat template, tool schema and tool-response texts the rollout uses, with the loss on
 the assistant turns only. The evaluation words are kept out.
 
@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 
-log = logging.getLogger("trainer.warm_start")
+log = logging.getLogger("trainer.task.warm_start")
 _WORD_ARG = '"word": "'  # the text just before the called word
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
@@ -45,8 +45,8 @@ class WarmStartConfig:
         tokens_per_batch: packed tokens per optimizer step.
         learning_rate: AdamW peak learning rate (linear warm-up 5%, cosine decay to 10%).
         hidden_size, layers: model size.
-        init: ``spelling`` or ``random`` (``trainer.wordle_model.build_model``).
-        board: tool replies carry the board (``trainer.board``); False: the environment's text
+        init: ``spelling`` or ``random`` (``trainer.task.wordle_model.build_model``).
+        board: tool replies carry the board (``trainer.task.board``); False: the environment's text
             only (an ablation: the model must then align the two feedback rows itself).
         teacher_top_k: the solver's later guesses: None, a uniformly random consistent answer;
             k, one of the k best-scored (round 2's teacher: 3, with 5 openers).
@@ -79,9 +79,8 @@ class WarmStartConfig:
 
 
 def _key(cfg: WarmStartConfig) -> str:
+    from trainer.task import board, solver, wordle_model, wordle_task
     from wordle_env import wordlists
-
-    from . import board, solver, wordle_model, wordle_task
 
     h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
     for mod in (board, solver, wordle_model, wordle_task):
@@ -99,12 +98,11 @@ def solver_games(
     n: int, seed: int, explore: float = 0.0, board: bool = True, **solver
 ) -> list[list[dict]]:
     """``n`` solver games (message lists) on answers that are not evaluation words; ``explore``
-    and ``solver`` (``top_k``, ``n_openers``) as in ``trainer.solver.solver_guesses``, ``board``
+    and ``solver`` (``top_k``, ``n_openers``) as in ``trainer.task.solver.solver_guesses``, ``board``
     as in :class:`WarmStartConfig`."""
+    from trainer.task.wordle_task import held_out_targets, solver_conversation
     from wordle_env import wordlists
     from wordle_env.game import WordleGame
-
-    from .wordle_task import held_out_targets, solver_conversation
 
     rng = random.Random(seed)
     held_out = held_out_targets()
@@ -117,7 +115,7 @@ def solver_games(
 
 def render(messages: list[dict], tokenizer) -> str:
     """A conversation as the rollout renders it (tools, no thinking)."""
-    from .wordle_task import guess_tool
+    from trainer.task.wordle_task import guess_tool
 
     return tokenizer.apply_chat_template(
         messages, tools=[guess_tool()], tokenize=False, enable_thinking=False
@@ -295,9 +293,8 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
     """
     import torch
 
-    from trainer.tiny_model import make_char_tokenizer
-
-    from . import wordle_model
+    from trainer.task import wordle_model
+    from trainer.task.tiny_model import make_char_tokenizer
 
     cfg = cfg or WarmStartConfig()
     path = os.path.abspath(os.path.join(cache_dir, f"warm-start-{_key(cfg)}"))

@@ -33,12 +33,11 @@ from transformers import TrainerCallback
 
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import read_heartbeats
+from trainer.config import TrainConfig
+from trainer.local import processes
+from trainer.run import RunContext, run
 
-from . import local_stack
-from .config import TrainConfig
-from .train import RunContext, run
-
-log = logging.getLogger("trainer.e2e")
+log = logging.getLogger("trainer.local.e2eNone")
 LATE = "local-1"
 
 
@@ -49,7 +48,7 @@ class Faults(TrainerCallback):
         self.ctx = ctx
         self.late_at = late_at
         self.kill_at = kill_at
-        self.replica: local_stack.Child | None = None
+        self.replica: processes.Child | None = None
         self.events: list[dict] = []
         self.killed_step: int | None = None
         self.urls: list[str] = []  # each start of the late replica (a restart gets a new port)
@@ -59,7 +58,7 @@ class Faults(TrainerCallback):
         log.info("e2e fault: %s at step %d %s", what, step, kw or "")
 
     def _start(self, step: int) -> None:
-        self.replica = local_stack.start_replica(
+        self.replica = processes.start_replica(
             self.ctx.store_uri, self.ctx.model_path, self.ctx.logs_dir, replica_id=LATE
         )
         self.ctx.children.append(self.replica)
@@ -68,7 +67,7 @@ class Faults(TrainerCallback):
 
     def _held(self) -> int | None:
         try:
-            return local_stack.held_version(self.replica.url)
+            return processes.held_version(self.replica.url)
         except httpx.HTTPError:
             return None  # not up yet
 
@@ -155,7 +154,7 @@ def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: i
     cfg = TrainConfig(
         run_id=run_id, runs_root=runs_root, max_steps=steps, anchor_every=anchor_every,
         num_generations=4, per_device_train_batch_size=8, token_budget=3072,
-        dashboard=True, dashboard_port=local_stack.free_port(), eval_episodes=16,
+        dashboard=True, dashboard_port=processes.free_port(), eval_episodes=16,
         eval_every=0, fleet_health_interval_s=1.0,
     )  # fmt: skip
     for k, v in train_overrides.items():
@@ -275,7 +274,7 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m trainer.e2e", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m trainer.local.e2eNone", description=__doc__)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--anchor-every", type=int, default=4)
     p.add_argument("--late-at", type=int, default=2)
@@ -286,7 +285,7 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    local_stack.quiet_libraries()
+    processes.quiet_libraries()
     report = run_e2e(a.steps, a.anchor_every, a.late_at, a.kill_at, a.runs_root, a.run_id)
     print(json.dumps(report, indent=1))
 

@@ -23,7 +23,7 @@ from deltasync.status import (
 )
 from deltasync.store import Store
 
-log = logging.getLogger("trainer.metrics")
+log = logging.getLogger("trainer.loop.metrics")
 
 
 def _num(logs: dict, *keys) -> float | None:
@@ -98,7 +98,7 @@ class BucketMetricsCallback(TrainerCallback):
         return round(dropped / generated, 4) if generated else None
 
     def add_eval(self, label: str, step: int, version: int | None, block: dict) -> None:
-        """Record an evaluation block (``trainer.evaluate.summarize``) and write the metrics."""
+        """Record an evaluation block (``trainer.task.evaluate.summarize``) and write the metrics."""
         fields = {k: block[k] for k in EvalResult.model_fields if k in block}
         self.metrics.evals.append(EvalResult(label=label, step=step, version=version, **fields))
         self._write()

@@ -3,7 +3,7 @@ paired comparison of the first and the last.
 
 :class:`EvalEvery` is a ``transformers.TrainerCallback`` that, every ``every`` optimizer steps,
 waits until the replica serves the newest published version and plays the held-out games through
-it (``trainer.evaluate``). Training waits meanwhile (the rollout worker keeps its bounded queue),
+it (``trainer.task.evaluate``). Training waits meanwhile (the rollout worker keeps its bounded queue),
 so the evaluation does not share the CPU with a training step. :func:`paired_difference` compares
 two evaluations of the same seeds game by game: the same word is played before and after, so the
 per-seed difference removes the words' own difficulty from the standard error.

@@ -28,12 +28,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from trainer.config import space_headers
+from trainer.task import board
 from wordle_env import rules, wordlists
 
-from . import board
-from .config import space_headers
-
-log = logging.getLogger("trainer.wordle_task")
+log = logging.getLogger("trainer.task.wordle_task")
 
 ENV_URL_VAR = "DELTASYNC_ENV_URL"
 SYSTEM_PROMPT = (
@@ -92,7 +91,7 @@ def make_dataset(n_rows: int, seed: int = 0):
 
 def tool_reply(reply: str, done: bool, guesses=(), marks=()) -> str:
     """The tool message the model reads after a move: the game's own reply, then, while the game
-    goes on, the board (``trainer.board.render``: the last guess's cells, the running constraints,
+    goes on, the board (``trainer.task.board.render``: the last guess's cells, the running constraints,
     the words tried) built from the accepted ``guesses`` and their feedback ``marks``; marked when
     the game is over (nothing follows to decide)."""
     if done:
@@ -145,7 +144,7 @@ class EpisodeStats:
         guesses: the accepted guesses, in order.
         marks: their feedback rows (``G``/``Y``/``X`` strings).
         consistent: accepted guesses from the 2nd on that could still be the secret word given all
-            earlier feedback (``trainer.board.is_consistent``); ``checked`` counts those guesses.
+            earlier feedback (``trainer.task.board.is_consistent``); ``checked`` counts those guesses.
     """
 
     best_credit: float = 0.0
@@ -276,14 +275,14 @@ class WordleToolEnv:
 def solver_conversation(
     game, rng, explore: float = 0.0, with_board: bool = True, **solver
 ) -> list[dict]:
-    """The messages of one game played by ``trainer.solver`` in the format TRL builds during
+    """The messages of one game played by ``trainer.task.solver`` in the format TRL builds during
     rollouts: prompt (reset text appended), then per move a ``guess`` call and the tool's reply,
     and a final short assistant message once the game is over. Exploratory moves (see
     ``solver_guesses``, which also takes ``solver``'s ``top_k`` and ``n_openers``) carry
     ``"train": False``: they shape the history, not the lesson. Each call also carries
     ``"options"``, the words the solver drew it from (the teacher's distribution). ``with_board=False`` leaves the
     board out of the tool replies (an ablation)."""
-    from .solver import solver_guesses
+    from trainer.task.solver import solver_guesses
 
     messages = prompt_messages()
     messages[-1] = {**messages[-1], "content": messages[-1]["content"] + RESET_TEXT}

@@ -9,9 +9,9 @@ the bottleneck, not the JSON). The other 3,180 allowed guesses are spelled in BP
 solver never plays them, and each extra vocabulary row costs every training token a column of the
 lm_head (its backward pass was the largest item of a GRPO step in a py-spy profile).
 
-Measured with ``python -m trainer.wordle_model`` (prints the token counts): see docs/BENCHMARKS.md.
+Measured with ``python -m trainer.task.wordle_model`` (prints the token counts): see docs/BENCHMARKS.md.
 
-The board items the trainer adds to each tool reply (``trainer.board``: feedback cells, known,
+The board items the trainer adds to each tool reply (``trainer.task.board``: feedback cells, known,
 present and absent letters) are single tokens too, and :func:`spelling_init` gives the answer
 tokens and the item tokens embeddings built from shared letter-at-position vectors, so that the
 model knows each word's spelling before it has seen a game (after the same warm start, win rate
@@ -28,7 +28,7 @@ import importlib.util
 import os
 from typing import Any
 
-from trainer import board, tiny_model
+from trainer.task import board, tiny_model
 from wordle_env import rules, wordlists
 
 # The Qwen3 chat template's special tokens (the character tokenizer's list, without its <unk>:
@@ -68,7 +68,7 @@ def build_tokenizer(corpus: list[str]) -> Any:
 
     Returns:
         A ``transformers.PreTrainedTokenizerFast``: ``BPE_VOCAB`` byte-level BPE tokens, the
-        special tokens, every Wordle answer and every board item (``trainer.board.item_tokens``)
+        special tokens, every Wordle answer and every board item (``trainer.task.board.item_tokens``)
         as a single (non-special) token.
         EOS is ``<|im_end|>``, PAD ``<|endoftext|>``; the chat template is :func:`chat_template`.
     """

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import httpx
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORDLE_DIR = os.path.join(REPO, "spaces", "wordle-env")
 ROLLOUT_DIR = os.path.join(REPO, "spaces", "vllm-rollout")
-log = logging.getLogger("trainer.local_stack")
+log = logging.getLogger("trainer.local.processes")
 
 
 class ChildFailedError(RuntimeError):

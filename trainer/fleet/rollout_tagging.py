@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import board
+from trainer.task import board
 
-log = logging.getLogger("trainer.rollout_tagging")
+log = logging.getLogger("trainer.fleet.rollout_tagging")
 
 # An accepted guess in the game's reply (``wordle_env.game``): the guess, then its feedback row.
 _ACCEPTED = re.compile(r"You submitted \[([a-z]+)\]\.\nFeedback:\n[A-Z ]+\n([GYX ]+)\n")
@@ -57,9 +57,9 @@ def accepted_moves(completion: Sequence[dict]) -> tuple[list[str], list[str]]:
 
 
 def consistency(completion: Sequence[dict]) -> tuple[int, int]:
-    """``(consistent, checked)`` of one episode, as ``trainer.wordle_task.EpisodeStats`` counts
+    """``(consistent, checked)`` of one episode, as ``trainer.task.wordle_task.EpisodeStats`` counts
     them: ``checked`` accepted guesses from the 2nd on, ``consistent`` of them could still be the
-    secret word given all earlier feedback (``trainer.board.is_consistent``)."""
+    secret word given all earlier feedback (``trainer.task.board.is_consistent``)."""
     guesses, marks = accepted_moves(completion)
     consistent = sum(
         board.is_consistent(guesses[i], guesses[:i], marks[:i]) for i in range(1, len(guesses))
@@ -138,7 +138,7 @@ class ReplicaVersionTagger:
         poll_s: seconds between replica polls.
         max_staleness: TRL's setting; consumed samples staler than this are the dropped ones.
         sample_versions_fn: a sample's token ids -> the bucket versions that answered its turns
-            (``trainer.affinity.EpisodeAffinity.versions_of``), or None: group tags stand.
+            (``trainer.fleet.affinity.EpisodeAffinity.versions_of``), or None: group tags stand.
     """
 
     def __init__(

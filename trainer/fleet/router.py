@@ -1,7 +1,7 @@
 """The one server TRL's rollout worker talks to: an HTTP proxy on 127.0.0.1 inside the trainer
-process that sends each ``/v1`` request to one replica of a ``trainer.fleet.ReplicaPool`` (the
+process that sends each ``/v1`` request to one replica of a ``trainer.fleet.pool.ReplicaPool`` (the
 serving one with the fewest requests in flight; a later turn of an episode goes to the replica of
-its previous turn, see ``trainer.affinity``) and, when that replica fails (connection refused
+its previous turn, see ``trainer.fleet.affinity``) and, when that replica fails (connection refused
 or reset, timeout, 503 while it re-anchors), sends the same request to another, so no request is
 lost while any replica serves. With none serving, requests wait (one log line about every 10 s
 naming each replica and its state) and go on when one returns; after ``wait_s`` they get 503 with
@@ -19,8 +19,8 @@ import time
 
 import httpx
 
-from .affinity import EpisodeAffinity
-from .fleet import ReplicaPool
+from trainer.fleet.affinity import EpisodeAffinity
+from trainer.fleet.pool import ReplicaPool
 
 log = logging.getLogger("trainer.fleet")
 

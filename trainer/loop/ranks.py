@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Callable
 
-log = logging.getLogger("trainer.ranks")
+log = logging.getLogger("trainer.loop.ranks")
 
 
 def rank() -> int:

@@ -1,7 +1,7 @@
 """The replica fleet: every rollout replica that follows the bucket serves the trainer's rollouts.
 
 TRL's rollout worker talks to one server (``vllm_server_base_url``): the router
-(``trainer.router.FleetRouter``), which sends each request to a replica of the
+(``trainer.fleet.router.FleetRouter``), which sends each request to a replica of the
 :class:`ReplicaPool` kept here.
 
 Pool membership: a fixed list of URLs (``VLLM_URL=https://a,https://b``) and/or discovery from the
@@ -14,7 +14,7 @@ catches up), ``down`` (its last health check or request failed), ``gone`` (heart
 
 Policy: least outstanding requests among serving replicas; the later turns of an episode go to the
 replica of its previous turn (its prefix cache), unless that one fails or is ``STICKY_SLACK``
-requests busier than the least loaded (``trainer.affinity``).
+requests busier than the least loaded (``trainer.fleet.affinity``).
 
 Why not ``vllm-router`` (PyPI 0.1.17, evaluated on 127.0.0.1, see the fleet issue's note): it
 forwards the client's ``Authorization`` but cannot set one per replica, its sticky policies retry

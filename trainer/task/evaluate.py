@@ -6,7 +6,7 @@ played on the Wordle server. Because the games go through the replica that recei
 a rise between the evaluation before the first GRPO step and after the last one shows that the
 deltas carried the learning.
 
-``python -m trainer.evaluate --run <run_id> --seeds 900000:64`` (``make eval``) plays the seeds with
+``python -m trainer.task.evaluate --run <run_id> --seeds 900000:64`` (``make eval``) plays the seeds with
 the run's initial model and with its newest bucket version, through replicas it starts.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from .wordle_task import (
+from trainer.task.wordle_task import (
     MAX_TURNS,
     EpisodeStats,
     call_message,
@@ -34,7 +34,7 @@ from .wordle_task import (
     tool_reply,
 )
 
-log = logging.getLogger("trainer.evaluate")
+log = logging.getLogger("trainer.task.evaluate")
 
 
 @dataclass
@@ -45,7 +45,7 @@ class EpisodeResult:
         seed: the game's seed.
         turns: assistant turns generated.
         wellformed: turns that were a parseable ``guess`` call.
-        stats: the game's :class:`~trainer.wordle_task.EpisodeStats`.
+        stats: the game's :class:`~trainer.task.wordle_task.EpisodeStats`.
         env_reward: the environment's own reward (1 for a win, else credit of the last accepted
             guess).
         end: why the episode ended: ``won``, ``out_of_guesses``, ``malformed`` (no parseable call),
@@ -164,7 +164,7 @@ def play_episode(
     stats, turns, wellformed, env_reward, end = EpisodeStats(), 0, 0, 0.0, "turn_limit"
     with WordleEnv(base_url=env_url).sync() as env:
         reset = env.reset(seed=seed)
-        from .wordle_task import RESET_TEXT
+        from trainer.task.wordle_task import RESET_TEXT
 
         messages[-1] = {**messages[-1], "content": messages[-1]["content"] + RESET_TEXT}
         del reset
@@ -232,7 +232,7 @@ def summarize(results: list[EpisodeResult]) -> dict:
             sum(r.stats.accepted >= 2 or r.stats.won for r in results) / n, 4
         ),
         "bad_end_rate": round(sum(r.end in ("malformed", "invalid") for r in results) / n, 4),
-        # the mechanism: later guesses that fit every earlier feedback row (trainer.board)
+        # the mechanism: later guesses that fit every earlier feedback row (trainer.task.board)
         "consistent_rate": round(consistent / checked, 4) if checked else 0.0,
         "invalid_rate": round(sum(r.stats.invalid for r in results) / turns, 4) if turns else 0.0,
         "stopped_early_rate": round(sum(not r.stats.done for r in results) / n, 4),
@@ -258,12 +258,12 @@ def evaluate(
         replica_url: the replica's base URL (its ``/v1``).
         tokenizer_path: model folder or hub id whose tokenizer renders the prompts.
         env_url: the Wordle server.
-        seeds: game seeds (the held-out set: ``trainer.wordle_task.eval_seeds``).
+        seeds: game seeds (the held-out set: ``trainer.task.wordle_task.eval_seeds``).
         max_tokens: completion cap per turn (the GRPO setting).
         temperature: 0 = greedy.
         workers: games played concurrently.
         headers: extra request headers (e.g. ``Authorization`` for a private Space).
-        board: tool replies carry the board (``trainer.board``), as in training.
+        board: tool replies carry the board (``trainer.task.board``), as in training.
         per_seed: add ``per_seed``: each game's environment reward, in ``seeds`` order (for a
             paired comparison of two evaluations on the same seeds).
     """
@@ -316,10 +316,10 @@ def parse_seeds(spec: str) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     """``make eval RUN=<run_id> SEEDS=<first>:<count>``: before (the run's initial model) and after
     (its newest bucket version), each through a replica started here."""
-    from . import local_stack
-    from .config import TrainConfig
+    from trainer.config import TrainConfig
+    from trainer.local import processes
 
-    p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m trainer.task.evaluate", description=main.__doc__)
     p.add_argument("--run", default=os.environ.get("RUN") or "wordle-local")
     p.add_argument("--seeds", default=os.environ.get("SEEDS") or "900000:128")
     p.add_argument("--runs-root", default="runs")
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    local_stack.quiet_libraries()
+    processes.quiet_libraries()
     seeds = parse_seeds(args.seeds)
     run_dir = os.path.join(args.runs_root, args.run)
     info_path = os.path.join(run_dir, "summary.json")
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     logs = os.path.join(run_dir, "logs", "eval")
     out, children = {}, []
     try:
-        wordle = local_stack.start_wordle(logs)
+        wordle = processes.start_wordle(logs)
         children.append(wordle)
         wordle.wait_healthy(120)
         empty = os.path.abspath(os.path.join(run_dir, "eval-empty-bucket"))
@@ -351,11 +351,11 @@ def main(argv: list[str] | None = None) -> None:
             # "before": the initial model itself, from an empty bucket (served unsynced);
             # "after": a replica that follows the run's bucket to its newest version.
             extra = {"REQUIRE_SYNCED": "0"} if store == empty else {}
-            replica = local_stack.start_replica(store, model, logs, f"eval-{label}", extra)
+            replica = processes.start_replica(store, model, logs, f"eval-{label}", extra)
             children.append(replica)
             replica.wait_healthy(900)
             if store != empty:
-                local_stack.wait_version(replica.url, info["final_version"], 300)
+                processes.wait_version(replica.url, info["final_version"], 300)
             out[label] = evaluate(
                 replica.url, model, wordle.url, seeds, args.max_tokens, TrainConfig.eval_temperature
             )

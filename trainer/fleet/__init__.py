@@ -1,0 +1,6 @@
+"""The rollout fleet: the replicas TRL's rollouts go to, as the trainer sees them.
+
+Owns the pool of replicas with their health and served versions (``pool``), the local HTTP router
+TRL talks to (``router``), the episode affinity that keeps a game's turns on one replica
+(``affinity``), and the per-sample version stamps that measure staleness (``rollout_tagging``).
+"""
