@@ -36,10 +36,16 @@ from deltasync import codec
 from deltasync.bf16 import order_key, to_bf16_bits
 
 QWEN3_06B = dict(
-    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-    num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
     max_position_embeddings=4096,
-)  # fmt: skip
+)
 
 
 def text_tokens(n: int, seed: int) -> torch.Tensor:
@@ -121,15 +127,29 @@ def measure(base: dict, new: dict, base_t: dict, new_t: dict) -> dict:
         idx, vals = codec.decode(b, base[n])
         assert np.array_equal(idx, changes[n].idx) and np.array_equal(vals, changes[n].new_bits)
     return dict(
-        changed=m, total=total, density=m / total,
-        ours_bytes=ours, trl_v1_bytes=6 * m, trl_v3_bytes=v3, gap_zstd_bytes=gz,
-        ours_B_per_change=ours / m, trl_v1_B_per_change=6.0, trl_v3_B_per_change=v3 / m,
+        changed=m,
+        total=total,
+        density=m / total,
+        ours_bytes=ours,
+        trl_v1_bytes=6 * m,
+        trl_v3_bytes=v3,
+        gap_zstd_bytes=gz,
+        ours_B_per_change=ours / m,
+        trl_v1_B_per_change=6.0,
+        trl_v3_B_per_change=v3 / m,
         gap_zstd_B_per_change=gz / m,
-        ne_s=ne_s, diff_s=diff_s, diff_parallel_s=diff_par_s, diff_x_ne=diff_s / ne_s,
-        diff_parallel_x_ne=diff_par_s / ne_s, encode_s=enc_s, encode_only_x_ne=enc_s / ne_s,
-        diff_encode_s=diff_s + enc_s, encode_x_ne=(diff_s + enc_s) / ne_s, decode_s=dec_s,
+        ne_s=ne_s,
+        diff_s=diff_s,
+        diff_parallel_s=diff_par_s,
+        diff_x_ne=diff_s / ne_s,
+        diff_parallel_x_ne=diff_par_s / ne_s,
+        encode_s=enc_s,
+        encode_only_x_ne=enc_s / ne_s,
+        diff_encode_s=diff_s + enc_s,
+        encode_x_ne=(diff_s + enc_s) / ne_s,
+        decode_s=dec_s,
         gap_zstd_encode_s=gz_s,
-    )  # fmt: skip
+    )
 
 
 def snapshot_zstd(bits: dict) -> tuple[int, float]:
@@ -162,8 +182,13 @@ def run(lr: float, args) -> dict:
         steps.append(r)
         prev = cur
     snap_bytes, snap_s = snapshot_zstd(prev)
-    return dict(lr=lr, steps=steps, snapshot_bf16_bytes=sum(a.nbytes for a in prev.values()),
-                snapshot_zstd_bytes=snap_bytes, snapshot_zstd_s=snap_s)  # fmt: skip
+    return dict(
+        lr=lr,
+        steps=steps,
+        snapshot_bf16_bytes=sum(a.nbytes for a in prev.values()),
+        snapshot_zstd_bytes=snap_bytes,
+        snapshot_zstd_s=snap_s,
+    )
 
 
 def table(results: list[dict]) -> str:

@@ -134,8 +134,13 @@ def main() -> None:
     for n in (1, 2, 4, 8, 16):
         rps = throughput(n)
         single = single or rps
-        rows.append({"replicas": n, "requests_per_s": round(rps, 1),
-                     "vs_n_x_single": round(rps / (n * single), 2)})  # fmt: skip
+        rows.append(
+            {
+                "replicas": n,
+                "requests_per_s": round(rps, 1),
+                "vs_n_x_single": round(rps / (n * single), 2),
+            }
+        )
         print(f"N={n:2d}: {rps:7.1f} req/s = {rps / (n * single):.2f} x N x single", flush=True)
     results["throughput"] = rows
     results["overhead"] = overhead_ms()

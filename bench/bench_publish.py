@@ -63,10 +63,15 @@ def main() -> None:
 
     torch.manual_seed(0)
     cfg = Qwen3Config(
-        vocab_size=256, hidden_size=a.hidden, intermediate_size=3 * a.hidden,
-        num_hidden_layers=a.layers, num_attention_heads=8, num_key_value_heads=4,
-        head_dim=a.hidden // 8, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=256,
+        hidden_size=a.hidden,
+        intermediate_size=3 * a.hidden,
+        num_hidden_layers=a.layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=a.hidden // 8,
+        tie_word_embeddings=False,
+    )
     model = Qwen3ForCausalLM(cfg).float()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
     n_params = sum(p.numel() for p in model.parameters())
@@ -119,18 +124,26 @@ def main() -> None:
         return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 4) if xs else None
 
     res = dict(
-        params=n_params, steps_off=len(times["off"]), steps_on=len(times["on"]),
-        step_s_off=round(off, 4), step_s_on=round(on, 4), overhead_pct=round(100 * (on / off - 1), 2),
+        params=n_params,
+        steps_off=len(times["off"]),
+        steps_on=len(times["on"]),
+        step_s_off=round(off, 4),
+        step_s_on=round(on, 4),
+        overhead_pct=round(100 * (on / off - 1), 2),
         publish_blocking_s_mean=round(statistics.fmean(diff_s), 4),
         blocking_pct_of_step=round(100 * statistics.fmean(diff_s) / off, 2),
-        lag_commit_to_applied_s_p50=pct(lag_commit, 0.5), lag_commit_to_applied_s_p95=pct(lag_commit, 0.95),
-        lag_publish_to_applied_s_p50=pct(lag_call, 0.5), lag_publish_to_applied_s_p95=pct(lag_call, 0.95),
+        lag_commit_to_applied_s_p50=pct(lag_commit, 0.5),
+        lag_commit_to_applied_s_p95=pct(lag_commit, 0.95),
+        lag_publish_to_applied_s_p50=pct(lag_call, 0.5),
+        lag_publish_to_applied_s_p95=pct(lag_call, 0.95),
         versions_applied=len([v for v in publish_calls if v in applied]),
         density_mean=round(statistics.fmean([d.density for d in deltas]), 5),
         delta_bytes_mean=round(statistics.fmean([d.delta.bytes for d in deltas])),
-        bytes_per_changed=round(statistics.fmean([d.delta.bytes / d.changed for d in deltas if d.changed]), 3),
+        bytes_per_changed=round(
+            statistics.fmean([d.delta.bytes / d.changed for d in deltas if d.changed]), 3
+        ),
         cpu_count=os.cpu_count(),
-    )  # fmt: skip
+    )
     save(a.out, res)
     print("| metric | value |\n|---|---|")
     for k, v in res.items():

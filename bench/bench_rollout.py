@@ -36,10 +36,14 @@ def make_model(path: str, size: str) -> int:
     else:
         hidden, layers = (int(x) for x in size.split("x"))
         make_tiny_qwen3(
-            path, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-            num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256),
+            path,
+            hidden_size=hidden,
+            intermediate_size=3 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=hidden // 64,
+            num_key_value_heads=max(1, hidden // 256),
             vocab_size=32000,
-        )  # fmt: skip
+        )
     from trainer.task.tiny_model import checkpoint_tensors
 
     return sum(t.numel() for t in checkpoint_tensors(path).values())
@@ -94,17 +98,22 @@ def bench_size(size: str, deltas: int, density: float, root: str) -> dict:
     def stats(xs):
         return {"p50": round(statistics.median(xs), 4), "max": round(max(xs), 4)} if xs else {}
 
+    shares = [r.paused_s / r.lag_s for r in recs if r.lag_s > 0]
+    paused_share = round(statistics.fmean(shares), 3) if recs else None
     return {
-        "size": size, "params": n_params, "deltas": len(recs), "density": density,
+        "size": size,
+        "params": n_params,
+        "deltas": len(recs),
+        "density": density,
         "delta_bytes_mean": round(statistics.fmean(r.bytes for r in recs)) if recs else None,
-        "paused_s": stats([r.paused_s for r in recs]), "apply_s": stats([r.apply_s for r in recs]),
-        "fetch_s": stats([r.fetch_s for r in recs]), "decode_s": stats([r.decode_s for r in recs]),
+        "paused_s": stats([r.paused_s for r in recs]),
+        "apply_s": stats([r.apply_s for r in recs]),
+        "fetch_s": stats([r.fetch_s for r in recs]),
+        "decode_s": stats([r.decode_s for r in recs]),
         "lag_s": stats([r.lag_s for r in recs]),
-        "paused_share_of_lag": round(
-            statistics.fmean(r.paused_s / r.lag_s for r in recs if r.lag_s > 0), 3
-        ) if recs else None,
+        "paused_share_of_lag": paused_share,
         "apply_path": recs[-1].apply_path if recs else None,
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -117,8 +126,10 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="bench-rollout-")
     results = [bench_size(s, a.deltas, a.density, root) for s in a.sizes]
     save(a.out, results)
-    print("| model | params | delta KB | paused s p50/max | apply s p50 | fetch s p50 | "
-          "decode s p50 | lag s p50/max | paused/lag |")  # fmt: skip
+    print(
+        "| model | params | delta KB | paused s p50/max | apply s p50 | fetch s p50 | "
+        "decode s p50 | lag s p50/max | paused/lag |"
+    )
     print("|---" * 9 + "|")
     for r in results:
         print(

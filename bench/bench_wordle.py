@@ -187,12 +187,16 @@ async def measure(
 
 
 def _print_table(rows: list[Row]) -> None:
-    print(f"{'sessions':>8} {'mode':>7} {'think_ms':>8} {'steps/s':>9} {'p50_ms':>8} "
-          f"{'p99_ms':>8} {'max_ms':>8} {'steps':>7} {'srv_cpu_us/msg':>14}")  # fmt: skip
+    print(
+        f"{'sessions':>8} {'mode':>7} {'think_ms':>8} {'steps/s':>9} {'p50_ms':>8} "
+        f"{'p99_ms':>8} {'max_ms':>8} {'steps':>7} {'srv_cpu_us/msg':>14}"
+    )
     for r in rows:
         cpu = "n/a" if r.server_cpu_us_per_msg is None else f"{r.server_cpu_us_per_msg:.0f}"
-        print(f"{r.sessions:>8} {r.mode:>7} {r.think_ms:>8.0f} {r.steps_per_s:>9.0f} "
-              f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.max_ms:>8.2f} {r.steps:>7} {cpu:>14}")  # fmt: skip
+        print(
+            f"{r.sessions:>8} {r.mode:>7} {r.think_ms:>8.0f} {r.steps_per_s:>9.0f} "
+            f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.max_ms:>8.2f} {r.steps:>7} {cpu:>14}"
+        )
 
 
 def main() -> None:
@@ -220,8 +224,9 @@ def main() -> None:
                     continue  # one paced session only measures the think time
                 row = measure(url, n, args.seconds, args.warmup_s, mode_think, proc.pid)
                 rows.append(asyncio.run(row))
-                print(f"measured {rows[-1].mode} x{n}: {rows[-1].steps_per_s:.0f} steps/s",
-                      flush=True)  # fmt: skip
+                print(
+                    f"measured {rows[-1].mode} x{n}: {rows[-1].steps_per_s:.0f} steps/s", flush=True
+                )
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -230,8 +235,10 @@ def main() -> None:
     at_max = [r for r in rows if r.sessions == max(args.sessions)]
     for r in at_max:
         verdict = "met" if r.p99_ms < P99_TARGET_MS else "NOT met"
-        print(f"target p99 < {P99_TARGET_MS:.0f} ms at {r.sessions} sessions ({r.mode}): "
-              f"{verdict} ({r.p99_ms:.1f} ms)")  # fmt: skip
+        print(
+            f"target p99 < {P99_TARGET_MS:.0f} ms at {r.sessions} sessions ({r.mode}): "
+            f"{verdict} ({r.p99_ms:.1f} ms)"
+        )
     report = {
         "benchmark": "wordle-env",
         "unix_time": int(time.time()),

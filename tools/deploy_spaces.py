@@ -39,16 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from .space_config import (
-    FAILED_STAGES,
-    FREE_HARDWARE,
-    MASK,
-    TOKENS_URL,
-    DeployConfig,
-    DeployError,
-    SpaceSpec,
-    parse_args,
-)
+from .space_config import FAILED_STAGES, MASK, DeployConfig, DeployError, SpaceSpec, parse_args
+from .space_plan import hub_calls, next_step, space_specs, token_warning
 from .space_stage import (
     HubCall,
     check_hardware,
@@ -90,146 +82,25 @@ class Deployer:
 
     # -------------------------------------------------------------------------------- planning
     def specs(self, owner: str) -> list[SpaceSpec]:
-        """The three Spaces with their names, hardware, variables and secrets."""
-        c = self.cfg
-        store_uri = f"hf://buckets/{owner}/{c.bucket_name}"
-        space_token = c.space_token or c.token or ""
-        dashboard_token = c.dashboard_token or space_token
-        if c.control_token is None:
-            c.control_token = secrets.token_urlsafe(32)
+        """The three Spaces with their names, hardware, variables and secrets
+        (:func:`space_specs`); a CONTROL_TOKEN is generated on the first call when none was
+        given, and kept for the rest of the deploy."""
+        if self.cfg.control_token is None:
+            self.cfg.control_token = secrets.token_urlsafe(32)
             self.control_token_generated = True
-
-        def sleep(hardware: str) -> int | None:
-            return None if hardware in FREE_HARDWARE else c.sleep_time_s
-
-        return [
-            SpaceSpec(
-                "rollout",
-                "spaces/vllm-rollout",
-                f"{c.prefix}-rollout",
-                c.rollout_hardware,
-                {
-                    "DELTASYNC_STORE": store_uri,
-                    "MODEL": c.model,
-                    "POLL_INTERVAL_S": f"{c.poll_interval_s:g}",
-                },
-                {"HF_TOKEN": space_token, "CONTROL_TOKEN": c.control_token},
-                sleep(c.rollout_hardware),
-            ),
-            SpaceSpec(
-                "wordle",
-                "spaces/wordle-env",
-                f"{c.prefix}-wordle",
-                c.wordle_hardware,
-                sleep_time_s=sleep(c.wordle_hardware),
-                own_context=True,
-            ),
-            SpaceSpec(
-                "dashboard",
-                "spaces/dashboard",
-                f"{c.prefix}-dashboard",
-                c.dashboard_hardware,
-                {"BUCKET": store_uri},
-                {"HF_TOKEN": dashboard_token},
-                sleep(c.dashboard_hardware),
-            ),
-        ]
+        return space_specs(self.cfg, owner)
 
     def token_warning(self, owner: str) -> str | None:
-        """One line when a Space would get the deploy token itself as its HF_TOKEN secret (it can
-        write every repo of the account): which Spaces, and how to make a narrower token. None when
-        every Space gets a token of its own. Never contains a token."""
-        c = self.cfg
-        space = c.space_token or c.token
-        dashboard = c.dashboard_token or space
-        reused = [k for k, t in (("rollout", space), ("dashboard", dashboard))
-                  if t is None or t == c.token]  # fmt: skip
-        if not reused:
-            return None
-        bucket = f"{owner}/{c.bucket_name}"
-        spaces = " and ".join(reused) + (" Spaces get" if len(reused) > 1 else " Space gets")
-        return (
-            f"warning: the {spaces} your deploy token (HF_TOKEN) as their HF_TOKEN secret, which can write every repo of your "
-            f"account; create a fine-grained token at {TOKENS_URL} limited to bucket {bucket} "
-            "(read and write for the rollout Space, read for the dashboard) and pass it as "
-            "SPACE_HF_TOKEN (and a read-only one as DASHBOARD_HF_TOKEN)"
-        )
+        """The warning about a Space given the deploy token itself (:func:`token_warning`)."""
+        return token_warning(self.cfg, owner)
 
     def plan(self, owner: str) -> list[HubCall]:
-        """Every Hub call of the deploy, in order (the waiting that follows is not included)."""
-        c = self.cfg
-        calls = [
-            HubCall(
-                "create_bucket",
-                dict(bucket_id=f"{owner}/{c.bucket_name}", private=c.private_bucket, exist_ok=True),
-            )
-        ]
-        for s in self.specs(owner):
-            repo_id = f"{owner}/{s.name}"
-            if c.from_owner:
-                calls.append(
-                    HubCall(
-                        "duplicate_repo",
-                        dict(
-                            from_id=f"{c.from_owner}/{s.name}",
-                            to_id=repo_id,
-                            repo_type="space",
-                            private=c.private_spaces,
-                            exist_ok=True,
-                        ),
-                    )
-                )
-            else:
-                calls.append(
-                    HubCall(
-                        "create_repo",
-                        dict(
-                            repo_id=repo_id,
-                            repo_type="space",
-                            space_sdk="docker",
-                            private=c.private_spaces,
-                            exist_ok=True,
-                        ),
-                    )
-                )
-            for key, value in s.secrets.items():
-                calls.append(
-                    HubCall(
-                        "add_space_secret",
-                        dict(repo_id=repo_id, key=key, value=value),
-                        secret=("value",),
-                    )
-                )
-            for key, value in s.variables.items():
-                calls.append(
-                    HubCall("add_space_variable", dict(repo_id=repo_id, key=key, value=value))
-                )
-            hw = dict(repo_id=repo_id, hardware=s.hardware)
-            if s.sleep_time_s is not None:
-                hw["sleep_time"] = s.sleep_time_s
-            calls.append(HubCall("request_space_hardware", hw))
-            if not c.from_owner:  # upload last: the first build already has secrets and variables
-                calls.append(
-                    HubCall(
-                        "upload_folder",
-                        dict(
-                            repo_id=repo_id,
-                            repo_type="space",
-                            commit_message=f"deploy {s.folder} with deltasync (make spaces)",
-                        ),
-                        stage=s,
-                    )
-                )
-        return calls
+        """Every Hub call of the deploy, in order (:func:`hub_calls`)."""
+        return hub_calls(self.cfg, owner, self.specs(owner))
 
     def next_step(self, owner: str) -> str:
         """The ``make train ...`` line that trains against the deployed Spaces and bucket."""
-        names = {s.key: s.name for s in self.specs(owner)}
-        return (
-            f"make train BUCKET={owner}/{self.cfg.bucket_name} "
-            f"VLLM_URL={space_url(owner, names['rollout'])} "
-            f"ENV_URL={space_url(owner, names['wordle'])} MODEL={self.cfg.model}"
-        )
+        return next_step(self.cfg, owner, self.specs(owner))
 
     # --------------------------------------------------------------------------------- running
     @property
@@ -300,8 +171,10 @@ class Deployer:
         line = self.next_step(owner)
         self._print()
         for s in specs:
-            self._print(f"{s.key:>9}: {space_url(owner, s.name)}  (https://huggingface.co/spaces/"
-                        f"{owner}/{s.name})")  # fmt: skip
+            self._print(
+                f"{s.key:>9}: {space_url(owner, s.name)}  (https://huggingface.co/spaces/"
+                f"{owner}/{s.name})"
+            )
         self._print(f"   bucket: hf://buckets/{owner}/{c.bucket_name}")
         self._print("\nNext, train against them:\n")
         self._print(f"  {line}\n")

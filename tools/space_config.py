@@ -16,8 +16,15 @@ DEFAULT_SLEEP_TIME_S = 3600
 FREE_HARDWARE = ("cpu-basic",)  # sleeps after 48 h by itself; its sleep time cannot be set
 TOKENS_URL = "https://huggingface.co/settings/tokens/new?tokenType=fineGrained"
 # Stages after which a Space will not become RUNNING by itself.
-FAILED_STAGES = ("BUILD_ERROR", "RUNTIME_ERROR", "CONFIG_ERROR", "NO_APP_FILE", "DELETING",
-                 "STOPPED", "PAUSED")  # fmt: skip
+FAILED_STAGES = (
+    "BUILD_ERROR",
+    "RUNTIME_ERROR",
+    "CONFIG_ERROR",
+    "NO_APP_FILE",
+    "DELETING",
+    "STOPPED",
+    "PAUSED",
+)
 _STAGE_IGNORE = (
     "__pycache__",
     "*.pyc",

@@ -31,8 +31,11 @@ else:  # pragma: no cover - Python 3.10
 
 from .conftest import REPO_ROOT
 
-SPACES = {"dashboard": "spaces/dashboard", "rollout": "spaces/vllm-rollout",
-          "wordle": "spaces/wordle-env"}  # fmt: skip
+SPACES = {
+    "dashboard": "spaces/dashboard",
+    "rollout": "spaces/vllm-rollout",
+    "wordle": "spaces/wordle-env",
+}
 # What each base image is known to provide. vLLM's image has python3 but is not known to have a
 # `python` command, and its entrypoint (`vllm serve`) must be reset for a CMD of our own.
 BASE_IMAGES = {
@@ -127,8 +130,9 @@ def parse_dockerfile(path: str) -> Dockerfile:
             tokens = [t for t in shlex.split(rest) if not t.startswith("--")]
             *sources, dest = tokens
             is_dir = dest.endswith(("/", ".")) or len(sources) > 1
-            df.copies.append(Copy(sources, posixpath.normpath(posixpath.join(df.workdir, dest)),
-                                  is_dir))  # fmt: skip
+            df.copies.append(
+                Copy(sources, posixpath.normpath(posixpath.join(df.workdir, dest)), is_dir)
+            )
         elif op == "RUN":
             df.runs.append((df.workdir, rest))
         elif op in ("CMD", "ENTRYPOINT"):
@@ -181,8 +185,11 @@ class Image:
         """The container's environment: the image's ENV (image paths mapped under ``root``), HOME
         of uid 1000, the package on PYTHONPATH after the image's own entries, and ``space_env``
         (what the Space sets) on top. Nothing of this process's environment but PATH."""
-        env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-               "LANG": "C.UTF-8", "HOME": self.host_path("/home/user")}  # fmt: skip
+        env = {
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            "LANG": "C.UTF-8",
+            "HOME": self.host_path("/home/user"),
+        }
         for k, v in self.df.env.items():
             parts = v.split(os.pathsep)
             env[k] = os.pathsep.join(self.host_path(p) if p.startswith("/") else p for p in parts)

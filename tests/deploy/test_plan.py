@@ -25,12 +25,16 @@ def dry_run(make_deployer, **kw) -> tuple[str, str, FakeHfApi]:
 def test_dry_run_prints_every_call_in_order_and_makes_none(make_deployer):
     text, line, api = dry_run(make_deployer)
     assert api.calls == [], "a dry run must not touch the Hub"
-    calls = [ln.removeprefix("would call: ").split("(")[0] for ln in text.splitlines()
-             if ln.startswith("would call: ")]  # fmt: skip
-    per_space = lambda secrets, variables: (  # noqa: E731
-        ["create_repo"] + ["add_space_secret"] * secrets + ["add_space_variable"] * variables
-        + ["request_space_hardware", "upload_folder"]
-    )  # fmt: skip
+    calls = [
+        ln.removeprefix("would call: ").split("(")[0]
+        for ln in text.splitlines()
+        if ln.startswith("would call: ")
+    ]
+
+    def per_space(secrets: int, variables: int) -> list[str]:
+        middle = ["add_space_secret"] * secrets + ["add_space_variable"] * variables
+        return ["create_repo", *middle, "request_space_hardware", "upload_folder"]
+
     assert calls == ["create_bucket", *per_space(2, 3), *per_space(0, 0), *per_space(1, 1)]
     assert "create_bucket(bucket_id='alice/deltasync-run', private=True, exist_ok=True)" in text
     assert (

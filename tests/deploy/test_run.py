@@ -39,10 +39,12 @@ def test_calls_in_order_with_whoami_owner(make_deployer):
 
 def test_secrets_and_variables_reach_the_spaces(make_deployer):
     api, _, _ = deploy(make_deployer, model="Qwen/Qwen3-1.7B", poll_interval_s=2.5)
-    secrets = {(kw["repo_id"], kw["key"]): kw["value"] for n, kw in api.calls
-               if n == "add_space_secret"}  # fmt: skip
-    variables = {(kw["repo_id"], kw["key"]): kw["value"] for n, kw in api.calls
-                 if n == "add_space_variable"}  # fmt: skip
+    secrets = {
+        (kw["repo_id"], kw["key"]): kw["value"] for n, kw in api.calls if n == "add_space_secret"
+    }
+    variables = {
+        (kw["repo_id"], kw["key"]): kw["value"] for n, kw in api.calls if n == "add_space_variable"
+    }
     assert secrets == {
         ("alice/deltasync-rollout", "HF_TOKEN"): TOKEN,
         ("alice/deltasync-rollout", "CONTROL_TOKEN"): CONTROL,
@@ -128,8 +130,10 @@ def test_no_wait_skips_polling(make_deployer):
 
 def test_a_stale_running_stage_is_not_trusted_within_the_grace_period(make_deployer, clock):
     # a re-deploy: RUNNING (old build) until the Hub picks up the upload
-    stages = {r: ["RUNNING", "RUNNING", "BUILDING", "RUNNING"] for r in
-              ("alice/deltasync-rollout", "alice/deltasync-wordle", "alice/deltasync-dashboard")}  # fmt: skip
+    stages = {
+        r: ["RUNNING", "RUNNING", "BUILDING", "RUNNING"]
+        for r in ("alice/deltasync-rollout", "alice/deltasync-wordle", "alice/deltasync-dashboard")
+    }
     api, text, _ = deploy(make_deployer, api=FakeHfApi(stages=stages))
     assert "all 3 Spaces are RUNNING after 0m15s" in text
 

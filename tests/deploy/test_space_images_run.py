@@ -37,8 +37,14 @@ def free_port() -> int:
 
 def start(img: Image, argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen:
     with open(log_path, "wb") as log:
-        return subprocess.Popen(img.command(argv), cwd=img.cwd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            img.command(argv),
+            cwd=img.cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -80,8 +86,9 @@ def wait_http_200(url: str, proc: subprocess.Popen, log_path: str) -> None:
 
 def run_healthcheck(img: Image, env: dict[str, str]) -> None:
     argv = shlex.split(img.df.healthcheck)
-    out = subprocess.run(img.command(argv), cwd=img.cwd, env=env, capture_output=True, text=True,
-                         timeout=30)  # fmt: skip
+    out = subprocess.run(
+        img.command(argv), cwd=img.cwd, env=env, capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, f"HEALTHCHECK failed: {out.stdout}{out.stderr}"
 
 
@@ -90,8 +97,9 @@ def test_dashboard_image_answers_200(image, tmp_path):
     bucket = tmp_path / "bucket"
     bucket.mkdir()
     port = free_port()
-    env = img.env(BUCKET=str(bucket), PORT=str(port), GRADIO_SERVER_NAME="127.0.0.1",
-                  HF_HUB_OFFLINE="1")  # fmt: skip
+    env = img.env(
+        BUCKET=str(bucket), PORT=str(port), GRADIO_SERVER_NAME="127.0.0.1", HF_HUB_OFFLINE="1"
+    )
     log = str(tmp_path / "dashboard.log")
     proc = start(img, img.df.cmd, env, log)
     try:
@@ -99,8 +107,12 @@ def test_dashboard_image_answers_200(image, tmp_path):
         run_healthcheck(img, env)
         probe = subprocess.run(
             [sys.executable, "-c", "import deltasync; print(deltasync.__file__)"],
-            cwd=img.cwd, env=env, capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            cwd=img.cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert probe.stdout.startswith(img.root), "expected the image's copy of deltasync"
     finally:
         stop(proc)
@@ -120,8 +132,14 @@ def test_wordle_image_answers_health(image, tmp_path):
 
 
 def rollout_env(img: Image, tmp_path, **extra: str) -> dict[str, str]:
-    return img.env(PORT=str(free_port()), HOST="127.0.0.1", VLLM_PORT=str(free_port()),
-                   HF_HUB_OFFLINE="1", CONTROL_TOKEN="ctl-secret-test", **extra)  # fmt: skip
+    return img.env(
+        PORT=str(free_port()),
+        HOST="127.0.0.1",
+        VLLM_PORT=str(free_port()),
+        HF_HUB_OFFLINE="1",
+        CONTROL_TOKEN="ctl-secret-test",
+        **extra,
+    )
 
 
 def test_rollout_image_gets_through_its_imports_to_the_config_check(image, tmp_path):
@@ -165,8 +183,9 @@ def test_rollout_image_starts_vllm_with_a_command_line_vllm_accepts(image, tmp_p
     img = image("rollout")
     bucket = tmp_path / "bucket"
     bucket.mkdir()
-    env = rollout_env(img, tmp_path, DELTASYNC_STORE=f"file://{bucket}",
-                      MODEL=str(tmp_path / "no-such-model"))  # fmt: skip
+    env = rollout_env(
+        img, tmp_path, DELTASYNC_STORE=f"file://{bucket}", MODEL=str(tmp_path / "no-such-model")
+    )
     log = str(tmp_path / "rollout.log")
     proc = start(img, img.df.cmd, env, log)
     try:
@@ -190,8 +209,13 @@ def test_rollout_image_starts_vllm_with_a_command_line_vllm_accepts(image, tmp_p
             argv[argv.index("--worker-extension-cls") + 1] == "rollout.extension.DeltaSyncExtension"
         )
         assert "CONTROL_TOKEN" not in child_env
-        probe = subprocess.run([sys.executable, "-c", "import rollout.extension as e; print(e.__file__)"],
-                               cwd=child_cwd, env=child_env, capture_output=True, text=True)  # fmt: skip
+        probe = subprocess.run(
+            [sys.executable, "-c", "import rollout.extension as e; print(e.__file__)"],
+            cwd=child_cwd,
+            env=child_env,
+            capture_output=True,
+            text=True,
+        )
         assert probe.returncode == 0 and probe.stdout.startswith(img.root), probe.stderr
         code = proc.wait(300)  # vLLM imports (~30 s), parses its arguments, finds no model
     finally:

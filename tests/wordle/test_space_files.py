@@ -88,12 +88,20 @@ def test_openenv_validate_passes_and_push_finds_its_files(tmp_path) -> None:
     cli = Path(sys.executable).with_name("openenv")
     out = subprocess.run(
         [str(cli), "validate", str(copy), "--level", "static"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, f"openenv validate failed:\n{out.stdout}\n{out.stderr}"
     assert "FAIL" not in out.stdout, out.stdout
-    for name in ("openenv.yaml", "__init__.py", "client.py", "README.md", "pyproject.toml",
-                 "Dockerfile"):  # fmt: skip
+    for name in (
+        "openenv.yaml",
+        "__init__.py",
+        "client.py",
+        "README.md",
+        "pyproject.toml",
+        "Dockerfile",
+    ):
         assert (SPACE / name).is_file(), f"openenv push needs {name} at the env root"
     # push turns the shared web UI on unless the Dockerfile names the switch itself
     assert "ENABLE_WEB_INTERFACE=false" in (SPACE / "Dockerfile").read_text()

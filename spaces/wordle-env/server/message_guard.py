@@ -314,8 +314,11 @@ class MessageGuard:
             try:
                 await send(message)
             except OSError as exc:  # uvicorn's ClientDisconnected: the client hung up first
-                log.info("client %s left before the server closed its session (%s)",
-                         _client(scope), type(exc).__name__)  # fmt: skip
+                log.info(
+                    "client %s left before the server closed its session (%s)",
+                    _client(scope),
+                    type(exc).__name__,
+                )
 
         await self.app(scope, frames.receive, guarded_send)
 
@@ -337,8 +340,11 @@ class MessageGuard:
             try:
                 await send({"type": "websocket.close", "code": 1000, "reason": "idle"})
             except OSError as exc:
-                log.info("idle web UI client %s was already gone (%s)",
-                         _client(scope), type(exc).__name__)  # fmt: skip
+                log.info(
+                    "idle web UI client %s was already gone (%s)",
+                    _client(scope),
+                    type(exc).__name__,
+                )
 
         async def small_enough(message: Message) -> bool:
             # Too large for a UI keep-alive: dropped, the connection stays.
