@@ -3,9 +3,9 @@
 ``RunRecorder`` publishes small random bf16 models (np.uint16 bits) with the real
 ``DeltaPublisher``, follows them with real ``Follower``s (``deltasync.follow``: one per simulated
 replica, apply path "cpu-dict": verified patches are applied to a separate serving dict inside the
-"pause"), writes each replica's ``ReplicaHeartbeat`` with its ``SyncRecord``s, and
-the trainer's ``TrainerMetrics`` (its steps, and an evaluation every 4 steps). ``recorded_bucket`` is a finished recording; ``run_recorder``
-hands out the class for tests that record while the dashboard runs.
+"pause"), writes each replica's ``ReplicaHeartbeat`` with its ``SyncRecord``s, and the trainer's
+``TrainerMetrics`` (its steps, and an evaluation every 4 steps). ``recorded_bucket`` is a finished
+recording; ``run_recorder`` hands out the class for tests that record while the dashboard runs.
 """
 
 from __future__ import annotations

@@ -105,8 +105,8 @@ def test_config_from_flags_and_space_variables():
     assert e.value.code == 2
     env = {"BUCKET": "hf://buckets/me/run", "REFRESH_S": "5", "GRADIO_SERVER_NAME": "0.0.0.0"}
     config = parse_config([], env=env)
-    assert (config.bucket, config.refresh_s, config.host, config.port) == (
-        "hf://buckets/me/run", 5.0, "0.0.0.0", 7860)  # fmt: skip
+    got = (config.bucket, config.refresh_s, config.host, config.port)
+    assert got == ("hf://buckets/me/run", 5.0, "0.0.0.0", 7860)
     assert parse_config(["--bucket", "x", "--port", "9"], env=env).port == 9
     assert parse_config(["--bucket", "x"], env={}).host == "127.0.0.1"
     with pytest.raises(ValueError, match="refresh_s > 0"):

@@ -1,23 +1,30 @@
-"""The dashboard's data layer: a run's bucket -> pandas DataFrames. Imports neither torch nor gradio.
+"""The dashboard's data layer: a run's bucket -> pandas DataFrames. Imports neither torch nor
+gradio.
 
 It reads only ``manifest.json``, ``replicas/<id>.json`` and ``metrics/trainer.json`` (never payload
 files), with conditional reads (``Store.read_if_changed``: on ``hf://`` one resolver request per
 file, answered 304 when unchanged), lists ``replicas/`` (a Hub API request) at most every
 ``list_every_s``, re-reads heartbeats at most every ``heartbeat_every_s``, and reads less often
-while nothing changes (:meth:`BucketReader.next_read_delay_s`). Parsed objects are cached, and what was seen is kept in
-a bounded history, so plots keep versions, syncs and steps that retention or the heartbeat's
-bounded ``recent`` list have since dropped.
+while nothing changes (:meth:`BucketReader.next_read_delay_s`). Parsed objects are cached, and what
+was seen is kept in a bounded history, so plots keep versions, syncs and steps that retention or
+the heartbeat's bounded ``recent`` list have since dropped.
 
 Sync lag uses the one definition of ``deltasync.status``: ``lag_versions`` = trainer version -
 replica version; ``lag_s`` = seconds from the publish of the trainer's newest version to the moment
 considered, while the replica is behind (0 when it holds the newest). Times are unix seconds in the
 objects and naive UTC ``datetime64`` in the frames' ``time`` columns.
 
-States of a :class:`Snapshot`: ``waiting`` (no folder, no manifest, no version yet, or a manifest
-that does not parse, e.g. half-written), ``ok``, and ``error`` (the bucket cannot be read: the
-message names the URI and why). ``Snapshot.public`` is the same state for public pages: a short
-line without URIs, local paths or exception text (e.g. "bucket unreadable: token lacks access"). Errors are turned into these states on purpose and logged; nothing
-here raises for a bad bucket.
+States of a :class:`Snapshot`, each set by the kind of its ``problem``
+(:class:`~dashboard.problems.ProblemKind`): ``waiting`` (no folder, no manifest or no version yet:
+"waiting for the first version"; a manifest that does not parse and no good one seen yet: "invalid
+manifest"), ``ok`` (no problem), and ``error`` (the run root cannot be read: "the run root is not
+a folder", the store's own line such as "bucket unreadable: token lacks access", or "bucket
+unreadable: storage error (retrying)"). A file skipped while the run is still shown is a
+``warnings`` entry ("the heartbeat of replica X does not parse"). ``Snapshot.message`` and each
+problem's ``detail`` name the URI, the file and why (server log, private pages);
+``Snapshot.public`` and ``Problem.public`` name the kind only: no URI, local path or exception
+text. Errors are turned into these states on purpose and logged; nothing here raises for a bad
+bucket.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ from deltasync.status import (
 )
 from deltasync.store import Store, resolve_uri
 
-from .frames import FramesFromHistory, ReadStats, Snapshot
+from .frames import FramesFromHistory
+from .problems import Problem, ProblemKind
+from .snapshot import ReadStats, Snapshot
 
 log = logging.getLogger("dashboard")
 
@@ -143,38 +152,43 @@ class BucketReader(FramesFromHistory):
             now: unix seconds to compute heartbeat ages and lag against (default: the clock).
 
         Returns:
-            A :class:`Snapshot`; bucket problems become its ``waiting``/``error`` state.
+            A :class:`Snapshot`; bucket problems become its ``problem`` and ``waiting``/``error``
+            state, files skipped its ``warnings``.
         """
         with self._lock:
             now = time.time() if now is None else now
             self._stats = ReadStats()
             self._changed = False
-            warnings: list[str] = []
+            warnings: list[Problem] = []
             try:
-                state, message = self._poll(warnings)
-                public = _public_message(state, message, self._manifest)
+                problem = self._poll(warnings)
             except (StoreError, OSError) as e:  # shown in the UI on purpose: the next poll retries
                 log.warning("dashboard: cannot read %s: %s", self.uri, e)
-                state, message = "error", f"cannot read `{self.uri}`: {e}"
-                public = (
-                    e.summary
-                    if isinstance(e, StoreAccessError)
-                    else "bucket unreadable: storage error (retrying)"
-                )
+                detail = f"cannot read `{self.uri}`: {e}"
+                if isinstance(e, StoreAccessError):
+                    problem = Problem(ProblemKind.ACCESS_REFUSED, detail, summary=e.summary)
+                else:
+                    problem = Problem(ProblemKind.STORE_FAILED, detail)
                 self._changed = True  # an error is news: keep reading at the fastest
+            m = self._manifest
+            if problem is None:
+                state, message = "ok", self._ok_message()
+                public = f"{len(m.versions) if m else 0} version(s) in the manifest"
+            else:
+                state, message, public = problem.kind.state, problem.detail, problem.public
             if self._changed or state != "ok":
                 self._delay = self.min_interval_s
             else:
                 self._delay = min(
                     max(self._delay, self.min_interval_s, 1.0) * 2, self.max_interval_s
                 )
-            m = self._manifest
             latest = m.latest if m else None
             return Snapshot(
                 uri=self.uri,
                 state=state,
                 message=message,
                 public=public,
+                problem=problem,
                 read_at=now,
                 run_id=m.run_id if m else None,
                 trainer_version=latest.version if latest else None,
@@ -184,31 +198,44 @@ class BucketReader(FramesFromHistory):
                 stats=self._stats,
             )
 
-    def _open(self) -> tuple[Store | None, str]:
-        """The Store, or None and why (a local folder that does not exist yet is not created)."""
-        if self._store is not None:
-            return self._store, ""
+    def _open(self) -> tuple[Store | None, Problem | None]:
+        """The Store, or None and the problem that stops the poll: a local run root that does not
+        exist yet (it is not created) or that is not a folder (checked on every poll, one stat,
+        so a root replaced by a file is named as such).
+
+        Raises:
+            StoreError: the URI is not a usable store URI.
+        """
         uri = resolve_uri(self.uri)
         if uri.startswith("file://"):
             path = uri[len("file://") :]
-            if not os.path.exists(path):
-                return None, f"`{uri}` does not exist yet: waiting for the first version"
-            if not os.path.isdir(path):
-                raise StoreError("it is a file, not a folder: pass the run's root folder")
-        try:
-            self._store = Store(uri, retries=self.retries, backoff_s=0.2, create=False)
-        except ValueError as e:  # bad URI (e.g. hf:// not a bucket, unknown protocol)
-            raise StoreError(f"not a usable store URI: {e}") from e
-        return self._store, ""
+            if os.path.exists(path) and not os.path.isdir(path):
+                detail = (
+                    f"cannot read `{self.uri}`: it is a file, not a folder: pass the run's root "
+                    "folder"
+                )
+                log.warning("dashboard: %s", detail)
+                return None, Problem(ProblemKind.ROOT_NOT_A_FOLDER, detail)
+            if self._store is None and not os.path.exists(path):
+                detail = f"`{uri}` does not exist yet: waiting for the first version"
+                return None, Problem(ProblemKind.NOT_PUBLISHED, detail)
+        if self._store is None:
+            try:
+                self._store = Store(uri, retries=self.retries, backoff_s=0.2, create=False)
+            except ValueError as e:  # bad URI (e.g. hf:// not a bucket, unknown protocol)
+                raise StoreError(f"not a usable store URI: {e}") from e
+        return self._store, None
 
-    def _poll(self, warnings: list[str]) -> tuple[str, str]:
-        store, why = self._open()
+    def _poll(self, warnings: list[Problem]) -> Problem | None:
+        """Read the manifest, the heartbeats and the metrics; the problem that keeps the run from
+        being shown (None: it is shown; files skipped are added to ``warnings``)."""
+        store, problem = self._open()
         if store is None:
-            return "waiting", why
-        manifest_state, manifest_msg = self._read_manifest(store, warnings)
+            return problem
+        problem = self._read_manifest(store, warnings)
         self._read_heartbeats(store, warnings)
         self._read_metrics(store, warnings)
-        return manifest_state, manifest_msg
+        return problem
 
     def _read_cached(self, store: Store, path: str, parse):
         """Parsed content of ``path``, downloaded and parsed again only if it changed (one
@@ -237,25 +264,28 @@ class BucketReader(FramesFromHistory):
         self._cache[path] = (tag, obj)
         return obj
 
-    def _read_manifest(self, store: Store, warnings: list[str]) -> tuple[str, str]:
+    def _read_manifest(self, store: Store, warnings: list[Problem]) -> Problem | None:
+        """Read the manifest and add its versions to the history; the problem that keeps the run
+        from being shown (None: it is shown, the last good manifest included)."""
         try:
             manifest = self._read_cached(store, MANIFEST_PATH, Manifest.from_json)
         except ValueError as e:  # half-written or damaged: recovered by waiting for a good one
             first = _why(e)
             log.warning("dashboard: %s/%s does not parse: %s", self.uri, MANIFEST_PATH, first)
             if self._manifest is not None:
-                warnings.append(
-                    f"{MANIFEST_PATH} does not parse ({first}); showing the last good one"
-                )
-                return "ok", self._ok_message()
-            return "waiting", (
-                f"`{self.uri}/{MANIFEST_PATH}` is not a valid manifest yet ({first}): waiting for "
-                "the first version; if this persists the file is damaged"
+                detail = f"{MANIFEST_PATH} does not parse ({first}); showing the last good one"
+                warnings.append(Problem(ProblemKind.FILE_SKIPPED, detail))
+                return None
+            detail = (
+                f"`{self.uri}/{MANIFEST_PATH}` is not a valid manifest ({first}): waiting for a "
+                "valid one; if this persists the file is damaged"
             )
+            return Problem(ProblemKind.INVALID_MANIFEST, detail)
         if manifest is None:
             if self._manifest is not None:
-                warnings.append(f"{MANIFEST_PATH} disappeared; showing the last one read")
-                return "ok", self._ok_message()
+                detail = f"{MANIFEST_PATH} disappeared; showing the last one read"
+                warnings.append(Problem(ProblemKind.FILE_SKIPPED, detail))
+                return None
             payloads = [p for d in ("anchors", "deltas") for p in self._ls(store, d)]
             detail = (
                 f"{len(payloads)} payload file(s) but no {MANIFEST_PATH} yet: the trainer is "
@@ -263,7 +293,8 @@ class BucketReader(FramesFromHistory):
                 if payloads
                 else f"no {MANIFEST_PATH} yet"
             )
-            return "waiting", f"`{self.uri}`: {detail}; waiting for the first version"
+            detail = f"`{self.uri}`: {detail}; waiting for the first version"
+            return Problem(ProblemKind.NOT_PUBLISHED, detail)
         if manifest.run_id != self._run_id:
             if self._run_id is not None:
                 log.info(
@@ -278,8 +309,9 @@ class BucketReader(FramesFromHistory):
             self._versions[v.version] = v
         _trim(self._versions, self.history)
         if not manifest.versions:
-            return "waiting", f"`{self.uri}`: run {manifest.run_id} has no version yet"
-        return "ok", self._ok_message()
+            detail = f"`{self.uri}`: run {manifest.run_id} has no version yet"
+            return Problem(ProblemKind.NOT_PUBLISHED, detail)
+        return None
 
     def _ok_message(self) -> str:
         m = self._manifest
@@ -291,13 +323,25 @@ class BucketReader(FramesFromHistory):
         self._stats.stat_calls += 1
         return store.ls(prefix)
 
-    def _skip_unparsable(self, path: str, error: ValueError, warnings: list[str]) -> None:
-        """Log and add to ``warnings`` that the object at ``path`` does not parse and is skipped."""
+    def _skip_unparsable(
+        self,
+        path: str,
+        error: ValueError,
+        warnings: list[Problem],
+        replica_id: str | None = None,
+    ) -> None:
+        """Log and add to ``warnings`` that the object at ``path`` does not parse and is skipped
+        (``replica_id``: it is that replica's heartbeat)."""
         first = _why(error)
         log.warning("dashboard: skipping %s/%s: %s", self.uri, path, first)
-        warnings.append(f"{path} does not parse ({first}); skipped")
+        detail = f"{path} does not parse ({first}); skipped"
+        if replica_id is None:
+            warnings.append(Problem(ProblemKind.FILE_SKIPPED, detail))
+        else:
+            kind = ProblemKind.HEARTBEAT_UNPARSABLE
+            warnings.append(Problem(kind, detail, replica_id=replica_id))
 
-    def _read_heartbeats(self, store: Store, warnings: list[str]) -> None:
+    def _read_heartbeats(self, store: Store, warnings: list[Problem]) -> None:
         now = self._clock()
         if self._listed_at is None or now - self._listed_at >= self.list_every_s:
             self._listing = self._ls(store, REPLICAS_DIR)
@@ -314,7 +358,8 @@ class BucketReader(FramesFromHistory):
             try:
                 hb = self._read_cached(store, path, ReplicaHeartbeat.model_validate_json)
             except ValueError as e:  # one bad heartbeat must not hide the others: skip it
-                self._skip_unparsable(path, e, warnings)
+                replica_id = name[: -len(".json")]  # replicas/<id>.json (status.heartbeat_path)
+                self._skip_unparsable(path, e, warnings, replica_id)
                 continue
             if hb is None:
                 continue
@@ -331,7 +376,7 @@ class BucketReader(FramesFromHistory):
                 del self._cache[cached]
         self._heartbeats = heartbeats
 
-    def _read_metrics(self, store: Store, warnings: list[str]) -> None:
+    def _read_metrics(self, store: Store, warnings: list[Problem]) -> None:
         try:
             metrics = self._read_cached(
                 store, TRAINER_METRICS_PATH, TrainerMetrics.model_validate_json
@@ -356,40 +401,6 @@ class BucketReader(FramesFromHistory):
                 if rid in prev
             }
         self._fleet_at = metrics.updated_at
-
-    # ------------------------------------------------------------------------------- frames
-
-
-def public_error(last_error: str | None) -> str:
-    """A replica's ``last_error`` as public pages show it: the error's kind only (no paths, no
-    exception text); "" when there is none."""
-    if not last_error:
-        return ""
-    kind = last_error.split(":", 1)[0].strip()
-    return _PUBLIC_ERRORS.get(kind, "error (see the replica's log)")
-
-
-_PUBLIC_ERRORS = {
-    "StoreAuthError": "bucket unreadable: token lacks access",
-    "StoreBucketNotFoundError": "bucket not found: check the bucket name and the token",
-    "StoreRateLimitError": "rate limited by the Hub",
-    "StoreError": "bucket read failed (retrying)",
-    "StoreNotFoundError": "a payload file is missing (re-planning)",
-    "DeltaCorruptError": "refused a corrupt payload",
-    "BaseVersionMismatch": "refused a delta on the wrong base",
-    "ModelMismatchError": "model mismatch",
-    "ManifestError": "invalid manifest",
-    "EngineControlError": "engine control failed",
-}
-
-
-def _public_message(state: str, message: str, manifest: Manifest | None) -> str:
-    if state == "ok":
-        n = len(manifest.versions) if manifest else 0
-        return f"{n} version(s) in the manifest"
-    if state == "waiting":
-        return "waiting for the first version"
-    return "bucket unreadable"
 
 
 def _why(e: ValueError) -> str:

@@ -1,13 +1,10 @@
 """The dashboard's frames: the columns of every table and plot, and how a :class:`BucketReader`'s
-history becomes them (``FramesFromHistory``, the reader's base class). Imports neither torch nor
-gradio."""
+history becomes them (``FramesFromHistory``, the reader's base class). The snapshot that carries
+them is ``dashboard.snapshot``. Imports neither torch nor gradio."""
 
 from __future__ import annotations
 
 import bisect
-import time
-from dataclasses import dataclass, field
-from typing import Literal
 
 import pandas as pd
 
@@ -98,8 +95,9 @@ def empty_frame(name: str) -> pd.DataFrame:
 
 
 def _frame(name: str, rows: list[tuple]) -> pd.DataFrame:
-    """Rows (tuples in ``COLUMNS[name]`` order) -> a frame with stable dtypes, empty or not (Gradio plots pick their axis types from
-    the dtypes: datetime -> temporal, numbers -> quantitative, text -> nominal)."""
+    """Rows (tuples in ``COLUMNS[name]`` order) -> a frame with stable dtypes, empty or not
+    (Gradio plots pick their axis types from the dtypes: datetime -> temporal, numbers ->
+    quantitative, text -> nominal)."""
     df = pd.DataFrame(rows, columns=COLUMNS[name])
     for col in df.columns:
         if col == "time":
@@ -109,90 +107,6 @@ def _frame(name: str, rows: list[tuple]) -> pd.DataFrame:
         elif df[col].dtype == object:  # empty, or None where not measured
             df[col] = pd.to_numeric(df[col]).astype("float64")
     return df
-
-
-@dataclass
-class ReadStats:
-    """What one poll cost: ``stat_calls`` (store requests: conditional reads and listings),
-    ``files_read`` (files that changed and were downloaded), ``bytes_read``."""
-
-    stat_calls: int = 0
-    files_read: int = 0
-    bytes_read: int = 0
-
-
-@dataclass
-class Snapshot:
-    """What the dashboard shows after one poll of the bucket.
-
-    Attributes:
-        uri: the bucket URI as given.
-        state: "waiting" (no version yet), "ok", or "error" (the bucket cannot be read).
-        message: one line for the operator (logs): what the state means, with the URI and the
-            reason.
-        public: the same for public pages: no URI, local path or exception text.
-        read_at: unix seconds of the poll.
-        run_id: the manifest's run id (None before the first manifest).
-        trainer_version: newest version in the manifest (None before the first).
-        trainer_published_at: unix seconds of that version's commit.
-        warnings: files skipped this poll (malformed heartbeat, metrics), one line each.
-        frames: {name: DataFrame} with the columns of ``COLUMNS``.
-        stats: what this poll read.
-    """
-
-    uri: str
-    state: Literal["waiting", "ok", "error"]
-    message: str
-    read_at: float
-    public: str = ""
-    run_id: str | None = None
-    trainer_version: int | None = None
-    trainer_published_at: float | None = None
-    warnings: list[str] = field(default_factory=list)
-    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
-    stats: ReadStats = field(default_factory=ReadStats)
-
-    def frame(self, name: str) -> pd.DataFrame:
-        """The frame ``name`` (an empty one with its columns if it was not built)."""
-        return self.frames.get(name, empty_frame(name))
-
-    def markdown(self, public: bool = False) -> str:
-        """A short Markdown summary: state, run, trainer version, replicas, warnings, evaluations
-        (``public``: the public message, and warnings without file details)."""
-        lines = [f"**{self.state.upper()}**: {self.public if public else self.message}"]
-        if self.run_id is not None:
-            age = self.read_at - self.trainer_published_at if self.trainer_published_at else None
-            age_txt = f", published {age:.0f} s ago" if age is not None else ""
-            lines.append(
-                f"run `{self.run_id}` · trainer version **{self.trainer_version}**{age_txt}"
-            )
-        status = self.frame("status")
-        if len(status):
-            flagged = status[~status["health"].isin(["ok", "starting", "stopped"])]
-            lines.append(f"{len(status)} replica(s), {len(flagged)} flagged")
-        if public and self.warnings:
-            lines.append(f"{len(self.warnings)} file(s) skipped this poll (malformed)")
-        else:
-            for w in self.warnings:
-                lines.append(f"warning: {w}")
-        evals = self.frame("evals")
-        for r in evals.itertuples():
-            consistent = (
-                f", consistent {100 * r.consistent_rate:.0f}%"
-                if pd.notna(r.consistent_rate)
-                else ""
-            )
-            lines.append(
-                f"eval **{r.label}** (step {r.step}, {r.episodes} games): reward "
-                f"{r.reward_mean:.3f} ± {r.reward_se:.3f} (SE), win rate {100 * r.win_rate:.0f}%"
-                f"{consistent}"
-            )
-        stamp = time.strftime("%H:%M:%S", time.localtime(self.read_at))
-        lines.append(
-            f"<small>read {stamp} · {self.stats.files_read} file(s), "
-            f"{self.stats.bytes_read} bytes, {self.stats.stat_calls} stat call(s)</small>"
-        )
-        return "  \n".join(lines)
 
 
 class FramesFromHistory:
@@ -262,10 +176,24 @@ class FramesFromHistory:
 
     def _syncs_frame(self) -> pd.DataFrame:
         rows = [
-            (r.applied_at, rid, r.version, r.from_version, r.kind, r.steps, r.bytes / BYTES_PER_MB,
-             r.bytes, r.fetch_s, r.decode_s, r.paused_s, r.apply_s, r.lag_s, r.apply_path)
+            (
+                r.applied_at,
+                rid,
+                r.version,
+                r.from_version,
+                r.kind,
+                r.steps,
+                r.bytes / BYTES_PER_MB,
+                r.bytes,
+                r.fetch_s,
+                r.decode_s,
+                r.paused_s,
+                r.apply_s,
+                r.lag_s,
+                r.apply_path,
+            )
             for rid, r in self._sync_records()
-        ]  # fmt: skip
+        ]
         return _frame("syncs", rows)
 
     def _phases_frame(self) -> pd.DataFrame:
@@ -384,9 +312,23 @@ class FramesFromHistory:
                 if fm
                 else ("", None, None, None, None)
             )
-            rows.append((rid, health, hb.status, hb.held_version, trainer_version, lv,
-                         round(ls, 1), round(age, 1), hb.errors, hb.last_error or "",
-                         hb.apply_path, hb.url or "", *fleet))  # fmt: skip
+            rows.append(
+                (
+                    rid,
+                    health,
+                    hb.status,
+                    hb.held_version,
+                    trainer_version,
+                    lv,
+                    round(ls, 1),
+                    round(age, 1),
+                    hb.errors,
+                    hb.last_error or "",
+                    hb.apply_path,
+                    hb.url or "",
+                    *fleet,
+                )
+            )
         return _frame("status", rows)
 
 
@@ -404,6 +346,17 @@ def _density_frame(versions: list[VersionEntry]) -> pd.DataFrame:
     rows = []
     for v in versions:
         marker = "delta" if v.anchor is None else ("anchor+delta" if v.delta else "anchor")
-        rows.append((v.version, v.step, v.density, 100 * v.density, v.changed, v.total,
-                     v.coalesced, marker, v.created_at))  # fmt: skip
+        rows.append(
+            (
+                v.version,
+                v.step,
+                v.density,
+                100 * v.density,
+                v.changed,
+                v.total,
+                v.coalesced,
+                marker,
+                v.created_at,
+            )
+        )
     return _frame("density", rows)

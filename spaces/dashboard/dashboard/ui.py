@@ -24,8 +24,9 @@ import gradio as gr
 import pandas as pd
 
 from .config import DashboardConfig
-from .data import BucketReader, public_error
-from .frames import Snapshot
+from .data import BucketReader
+from .problems import public_error
+from .snapshot import Snapshot
 
 log = logging.getLogger("dashboard")
 
@@ -66,6 +67,7 @@ class PlotSpec(NamedTuple):
 
 
 # The page's plots in the order ``/refresh`` sends them (its clients unpack them by position).
+# A table: one plot a line, its columns those of PlotSpec, so the formatter leaves it as laid out.
 # fmt: off
 PLOTS = [
     PlotSpec(1, gr.LinePlot, "versions", "time", "version", "series", "plot-versions", "Held version vs trainer version", "version"),
