@@ -11,6 +11,7 @@ import pytest
 
 from tools.deploy_spaces import Deployer
 from tools.space_config import MASK, DeployConfig, parse_args
+from tools.space_plan import space_specs
 from tools.space_stage import HubCall, read_front_matter, space_url
 
 from .conftest import CONTROL, TOKEN, FakeHfApi
@@ -157,6 +158,14 @@ def test_generated_control_token_differs_per_deploy():
     sa = a.specs("x")[0].secrets["CONTROL_TOKEN"]
     assert len(sa) >= 40 and sa != b.specs("x")[0].secrets["CONTROL_TOKEN"]
     assert a.specs("x")[0].secrets["CONTROL_TOKEN"] == sa  # stable within one deploy
+
+
+def test_the_plan_refuses_a_config_without_control_token():
+    cfg = DeployConfig(owner="x")
+    with pytest.raises(ValueError, match="expected DeployConfig.control_token to be set"):
+        space_specs(cfg, "x")
+    secrets = space_specs(DeployConfig(owner="x", control_token="given"), "x")[0].secrets
+    assert secrets["CONTROL_TOKEN"] == "given"
 
 
 def test_importing_deploy_does_not_import_huggingface_hub():
