@@ -3,7 +3,12 @@ background publisher thread (real DeltaPublisher + DeltaSubscriber replicas) sta
 after the page opened. Headless Chromium (Debian's ``chromium`` package, driven through its own
 DevTools protocol; nothing is downloaded) must show the "waiting" state first, then every plot and
 the status table, and the same page must update on its ``gr.Timer`` as new versions land. Saves
-``test-artifacts/dashboard.png`` and also drives the live server's API with ``gradio_client``."""
+``test-artifacts/dashboard.png`` and also drives the live server's API with ``gradio_client``.
+
+Then one dashboard on a run root prepared with one fault after another (a file instead of a
+folder, a manifest that does not parse, a heartbeat that does not parse): each page load must name
+the fault ("the run root is not a folder", "invalid manifest", "the heartbeat of replica broken
+does not parse") and show no filesystem path. One Chromium serves the whole module."""
 
 from __future__ import annotations
 
@@ -195,12 +200,19 @@ def _wait(cond: Callable, timeout_s: float, what: str, detail: Callable[[], obje
     pytest.fail(f"timed out after {timeout_s}s waiting for {what}; last: {detail()}")
 
 
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> Iterator[Cdp]:
+    """One headless Chromium page for every test of this module (started once)."""
+    with chromium(tmp_path_factory.mktemp("chromium")) as cdp:
+        yield cdp
+
+
 def _trainer_version(summary: str) -> int | None:
     m = re.search(r"trainer version (\d+)", summary)
     return int(m.group(1)) if m else None
 
 
-def test_dashboard_renders_and_updates_in_chromium(tmp_path, run_recorder):
+def test_dashboard_renders_and_updates_in_chromium(tmp_path, run_recorder, page):
     bucket = str(tmp_path / "bucket")  # does not exist yet: the trainer has not started
     stop, errors = threading.Event(), []
 
@@ -217,7 +229,7 @@ def test_dashboard_renders_and_updates_in_chromium(tmp_path, run_recorder):
             errors.append(e)
 
     publisher = threading.Thread(target=publish_loop, name="test-publisher", daemon=True)
-    with dashboard(bucket, tmp_path) as url, chromium(tmp_path) as page:
+    with dashboard(bucket, tmp_path) as url:
         page.call("Page.navigate", url=url)
         last = {}
 
@@ -304,3 +316,40 @@ def test_dashboard_renders_and_updates_in_chromium(tmp_path, run_recorder):
         assert all(r["health"] == "ok" for r in status["replicas"])
     assert not errors, errors
     assert ARTIFACT.stat().st_size > 10_000
+
+
+def test_public_page_names_each_fault(tmp_path, recorded_bucket, page):
+    root = tmp_path / "run-root-with-faults"
+    root.write_text("a file where the run's folder should be")
+    # what must never reach the page: the folders, the file names, the parsers' words
+    hidden = [str(tmp_path), root.name, "replicas/", ".json", "Invalid JSON", "validation error"]
+
+    def shows(url: str, message: str) -> str:
+        """Load the page afresh and wait for ``message`` in its summary; returns the page text."""
+        page.call("Page.navigate", url=url)
+        last = {}
+
+        def probe():
+            last["summary"] = page.evaluate("document.querySelector('#summary')?.innerText ?? ''")
+            return message in last["summary"]
+
+        _wait(probe, 30, repr(message), lambda: last)
+        text = page.evaluate("document.body.innerText")
+        for secret in hidden:
+            assert secret not in text, (secret, text)
+        return text
+
+    with dashboard(str(root), tmp_path) as url:
+        assert "ERROR" in shows(url, "the run root is not a folder")
+
+        root.unlink()  # now a folder, its manifest damaged: not "waiting for the first version"
+        root.mkdir()
+        (root / MANIFEST_PATH).write_bytes(b'{"schema": "deltasync.manifest/1", "run_')
+        text = shows(url, "invalid manifest")
+        assert "WAITING" in text and "waiting for the first version" not in text
+
+        shutil.rmtree(root)  # a good run, one of whose heartbeats does not parse
+        shutil.copytree(recorded_bucket[0], root)
+        (root / "replicas" / "broken.json").write_text('{"replica_id": "broken"}')
+        text = shows(url, "the heartbeat of replica broken does not parse")
+        assert "OK" in text and "trainer version" in text
