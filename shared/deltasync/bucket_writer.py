@@ -99,9 +99,11 @@ class PayloadWriter:
                 for i, names in enumerate(groups):
                     data = deltafile.delta_part(
                         PartLabel(version, base_version, self.run_id, i, len(groups)),
-                        {n: blobs[n] for n in names}, shapes, digests,
+                        {n: blobs[n] for n in names},
+                        shapes,
+                        digests,
                         {n: changed[n] for n in names},
-                    )  # fmt: skip
+                    )
                     rel = f"{delta_dir(version)}/{part_name(i)}"
                     delta.files.append(self._put(rel, data, items))
             if anchor is not None:
@@ -114,9 +116,11 @@ class PayloadWriter:
                     rel = f"{anchor_dir(version)}/{part_name(i)}"
                     local = self._anchor_path(rel, items, tmp)
                     deltafile.write_anchor_part(
-                        local, PartLabel(version, None, self.run_id, i, len(groups)),
-                        {n: anchor[n] for n in group}, digests,
-                    )  # fmt: skip
+                        local,
+                        PartLabel(version, None, self.run_id, i, len(groups)),
+                        {n: anchor[n] for n in group},
+                        digests,
+                    )
                     files.append((local, rel))
                 anchor_payload = Payload(files=list(self._pool.map(_file_ref, files)))
             deletes = list(self.pending_deletes)

@@ -244,9 +244,23 @@ def decode(
 
     def run(k):
         (start, stop) = chunks[k]
-        q, p, v = kernels.locate_apply(base, start, stop, before[k], ptr[k], vptr[k], int(q_at[k]),
-                                       int(q_at[k + 1]), mode, rend, ranks, vptr[k + 1], dkeys,
-                                       out_idx, out_new)  # fmt: skip
+        q, p, v = kernels.locate_apply(
+            base,
+            start,
+            stop,
+            before[k],
+            ptr[k],
+            vptr[k],
+            int(q_at[k]),
+            int(q_at[k + 1]),
+            mode,
+            rend,
+            ranks,
+            vptr[k + 1],
+            dkeys,
+            out_idx,
+            out_new,
+        )
         return q == q_at[k + 1] and np.array_equal(p, ptr[k + 1]) and np.array_equal(v, vptr[k + 1])
 
     if not all(_map(run, range(len(chunks)))):

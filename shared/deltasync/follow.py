@@ -264,8 +264,11 @@ class Follower:
                 return plan
             log.info(
                 "plan v%s->v%s uses refused %s v%d; trying a re-anchor",
-                held, plan.to_version, bad[0].kind, bad[0].version,
-            )  # fmt: skip
+                held,
+                plan.to_version,
+                bad[0].kind,
+                bad[0].version,
+            )
         self.stuck = (
             f"no verified path to v{manifest.latest.version}; holding v{self.held.version} "
             "until a newer anchor is published"

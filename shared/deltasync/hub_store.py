@@ -303,10 +303,11 @@ class HubBucket:
         add = [(src if isinstance(src, bytes) else str(src), self._key(p)) for p, src in items]
         keys = [self._key(p) for p in delete] or None
         self._lib(
-            "write", items[0][0],
+            "write",
+            items[0][0],
             lambda: self.api.batch_bucket_files(self.bucket_id, add=add, delete=keys),
             write=True,
-        )  # fmt: skip
+        )
         with self._lock:
             for p in [p for p, _ in items] + list(delete):
                 self._etags.pop(p, None)
@@ -319,9 +320,11 @@ class HubBucket:
         self.check()
         keys = [self._key(p) for p in paths]
         self._lib(
-            "delete", paths[0], lambda: self.api.batch_bucket_files(self.bucket_id, delete=keys),
+            "delete",
+            paths[0],
+            lambda: self.api.batch_bucket_files(self.bucket_id, delete=keys),
             write=True,
-        )  # fmt: skip
+        )
         with self._lock:
             for p in paths:
                 self._etags.pop(p, None)

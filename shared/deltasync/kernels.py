@@ -295,8 +295,23 @@ def class_counts(base, start, stop):
 
 
 @nb.njit(cache=True, nogil=True)
-def locate_apply(base, start, stop, counts0, ptr0, vptr0, q, q_end, mode, rend, ranks, vend,
-                 dkeys, out_idx, out_new):  # fmt: skip
+def locate_apply(
+    base,
+    start,
+    stop,
+    counts0,
+    ptr0,
+    vptr0,
+    q,
+    q_end,
+    mode,
+    rend,
+    ranks,
+    vend,
+    dkeys,
+    out_idx,
+    out_new,
+):
     """The decoder pass over base bits ``base[start:stop]`` (uint16).
 
     For each class c (mode[c]: 0 = no change, 1 = ``ranks[..rend[c]]`` are the changed ranks,

@@ -42,10 +42,15 @@ class LeaseKeeper:
 
     def record(self) -> bytes:
         """Our lease as written to ``writer.json``, stamped now."""
-        return WriterLease(
-            writer_id=self.writer_id, run_id=self.run_id, host=socket.gethostname(),
-            pid=os.getpid(), heartbeat_at=time.time(), lease_s=self.lease_s,
-        ).model_dump_json().encode()  # fmt: skip
+        lease = WriterLease(
+            writer_id=self.writer_id,
+            run_id=self.run_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            heartbeat_at=time.time(),
+            lease_s=self.lease_s,
+        )
+        return lease.model_dump_json().encode()
 
     @property
     def due(self) -> bool:

@@ -2,8 +2,9 @@
 
 ``publish(named_tensors, step)`` diffs the model against the last PUBLISHED bf16 snapshot (exact for
 any optimizer and any number of optimizer steps between publishes) and returns; ranking the
-changes by exponent class, encoding, writing and uploading run on a background thread. If uploads fall behind, a version that has not started
-encoding is folded into the next one (coalesced) instead of queueing without bound. Payload files
+changes by exponent class and encoding them (``deltasync.encoder``), writing and uploading run on
+a background thread. If uploads fall behind, a version that has not started encoding is folded
+into the next one (coalesced) instead of queueing without bound. Payload files
 are uploaded before the manifest that names them; retention deletes files only after a manifest
 that no longer names them is committed. See docs/PROTOCOL.md.
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from . import codec
 from .bucket_writer import PayloadWriter, commit_manifest, read_manifest
+from .encoder import ChangeEncoder
 from .errors import ManifestError, ModelMismatchError
 from .lease import LeaseKeeper
 from .manifest import (
@@ -33,49 +35,11 @@ from .manifest import (
     VersionEntry,
     model_digest,
 )
-from .snapshot import DIFF_ON, Snapshot, compose_changes
+from .publisher_config import PublisherConfig  # also imported from here by trainers and tests
+from .snapshot import Snapshot, compose_changes
 from .store import Store, open_store
 
 log = logging.getLogger("deltasync.publisher")
-
-
-@dataclass
-class PublisherConfig:
-    """Settings of a :class:`DeltaPublisher`.
-
-    Attributes:
-        anchor_every: versions between anchors (a full snapshot), counted from the last anchor.
-        anchor_replay_fraction: also anchor when the delta bytes since the last anchor exceed
-            this fraction of an anchor's bytes, which bounds what a new replica downloads.
-        keep_anchors: retention; versions older than the ``keep_anchors``-th newest anchor are
-            dropped from the manifest and their files deleted.
-        part_bytes: size cap of one payload file in bytes (larger payloads are split, so parts
-            upload and download in parallel and none needs one huge buffer).
-        zstd_level: zstandard level of the value streams (1-22).
-        encode_threads: threads that diff and encode tensors in parallel (the kernels release
-            the GIL); the default suits the 2-core CPU default, use more on a big trainer host.
-        diff_on: where ``publish`` diffs (``deltasync.snapshot.Snapshot``): ``auto`` on the
-            device that holds each tensor (an accelerator keeps a bf16 copy of the last
-            published bits; only changes cross to the host), ``host``, or ``device``.
-        lease_s: the writer lease in seconds; another trainer is refused while it is fresh.
-        takeover: take the run over even if another writer's lease looks fresh.
-    """
-
-    anchor_every: int = 20
-    anchor_replay_fraction: float = 0.5
-    keep_anchors: int = 2
-    part_bytes: int = 512 * 2**20
-    zstd_level: int = 3
-    encode_threads: int = 2
-    lease_s: float = 120.0
-    takeover: bool = False
-    diff_on: str = "auto"
-
-    def __post_init__(self):
-        if self.anchor_every < 1 or self.keep_anchors < 1 or self.part_bytes < 1:
-            raise ValueError(f"anchor_every, keep_anchors, part_bytes must be >= 1: {self}")
-        if self.diff_on not in DIFF_ON:
-            raise ValueError(f"diff_on must be one of {DIFF_ON}, found {self.diff_on!r}")
 
 
 @dataclass
@@ -136,9 +100,6 @@ class DeltaPublisher:
         self._payloads.remove_orphans(self.manifest)
         latest = self.manifest.latest if self.manifest else None
         self._next_version = latest.version + 1 if latest else 0
-        # exponent classes (uint8 per element) of the version the encoder last handled; only the
-        # background thread touches it, so the trainer's diff never computes ranks
-        self._classes: dict[str, np.ndarray] = {}
         self._snap_version: int | None = None
         self._fingerprint: ModelFingerprint | None = None
         self._since_anchor = 0  # versions since the last anchor (diffed, not only committed)
@@ -150,6 +111,7 @@ class DeltaPublisher:
         self._error: BaseException | None = None
         self._closed = False
         self._pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-encode")
+        self._encoder = ChangeEncoder(self.config.zstd_level, self._pool.map)  # its thread only
         self._diff_pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-diff")
         self._snap = Snapshot(self.config.diff_on, self._diff_pool.map)
         self._thread = threading.Thread(target=self._run, name="deltasync-publisher", daemon=True)
@@ -374,18 +336,9 @@ class DeltaPublisher:
         t0 = time.perf_counter()
         blobs = None
         if job.base_version is None:  # anchor only: the classes of the next base are its own
-            self._classes = {n: codec.exponent_classes(a) for n, a in job.anchor.items()}
+            self._encoder.reset(job.anchor)
         else:
-            names = sorted(job.changes)
-            level, classes = self.config.zstd_level, self._classes
-
-            def encode(name):  # ranks come from the encoder's class map of the base version
-                ch = job.changes[name]
-                blob = codec.encode(ch, classes[name], level)
-                classes[name][ch.idx] = codec.exponent_classes(ch.new_bits)
-                return blob
-
-            blobs = dict(zip(names, self._pool.map(encode, names), strict=True))
+            blobs = self._encoder.encode(job.changes)
             job.timings["encode_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         changed = {n: ch.n_changed for n, ch in job.changes.items()}
@@ -422,11 +375,19 @@ class DeltaPublisher:
         log.info(
             "publish v%d %s base=%s step=%s changed=%d density=%.4f%% bytes=%d B/chg=%.3f "
             "coalesced=%d diff=%.3fs encode=%.3fs write+upload=%.3fs",
-            job.version, kind, job.base_version, job.step, job.changed, 100 * entry.density,
-            nbytes, (delta.bytes / job.changed) if delta and job.changed else 0.0,
-            job.coalesced, job.timings.get("diff_s", 0), job.timings.get("encode_s", 0),
+            job.version,
+            kind,
+            job.base_version,
+            job.step,
+            job.changed,
+            100 * entry.density,
+            nbytes,
+            (delta.bytes / job.changed) if delta and job.changed else 0.0,
+            job.coalesced,
+            job.timings.get("diff_s", 0),
+            job.timings.get("encode_s", 0),
             job.timings.get("write_upload_s", 0),
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------------ manifest + lease
     def _commit_manifest(self, entry: VersionEntry) -> None:

@@ -83,19 +83,35 @@ class FakeHub:
             etag = f'"{xet_hash[:16]}"'
             if request.headers.get("if-none-match") == etag:
                 return httpx2.Response(304, headers={"ETag": etag})
-            headers = {"ETag": etag, "X-Xet-Hash": xet_hash, "X-Linked-Size": str(len(data)),
-                       "X-Xet-Refresh-Route": f"{api}/xet-read-token"}  # fmt: skip
-            return httpx2.Response(200, content=b"" if request.method == "HEAD" else data,
-                                   headers=headers)  # fmt: skip
+            headers = {
+                "ETag": etag,
+                "X-Xet-Hash": xet_hash,
+                "X-Linked-Size": str(len(data)),
+                "X-Xet-Refresh-Route": f"{api}/xet-read-token",
+            }
+            return httpx2.Response(
+                200, content=b"" if request.method == "HEAD" else data, headers=headers
+            )
         if path == api:
-            return httpx2.Response(200, json={"id": BUCKET, "private": True, "size": 0,
-                                              "createdAt": "2026-01-01T00:00:00.000Z",
-                                              "totalFiles": len(self.files)})  # fmt: skip
+            return httpx2.Response(
+                200,
+                json={
+                    "id": BUCKET,
+                    "private": True,
+                    "size": 0,
+                    "createdAt": "2026-01-01T00:00:00.000Z",
+                    "totalFiles": len(self.files),
+                },
+            )
         if path == f"{api}/xet-write-token":
-            return httpx2.Response(200, headers={
-                "X-Xet-Cas-Url": "https://cas.invalid", "X-Xet-Access-Token": "t",
-                "X-Xet-Token-Expiration": str(int(time.time()) + 3600),
-            })  # fmt: skip
+            return httpx2.Response(
+                200,
+                headers={
+                    "X-Xet-Cas-Url": "https://cas.invalid",
+                    "X-Xet-Access-Token": "t",
+                    "X-Xet-Token-Expiration": str(int(time.time()) + 3600),
+                },
+            )
         if path == f"{api}/batch" and request.method == "POST":
             for line in request.content.decode().splitlines():
                 op = json.loads(line)
@@ -239,8 +255,9 @@ def test_publisher_writes_two_batches_per_version_and_folds_retention_deletes(hu
         pub.publish(bits.items(), step=step)
         pub.flush()
         batches.append(sum(n for k, n in (hub.routes - before).items() if k[2] == "batch"))
-        named = {f.path for v in pub.manifest.versions for p in (v.delta, v.anchor) if p
-                 for f in p.files}  # fmt: skip
+        named = {
+            f.path for v in pub.manifest.versions for p in (v.delta, v.anchor) if p for f in p.files
+        }
         # what a committed manifest names is always there (deletes follow the commit)
         assert named <= set(hub.files)
     assert batches == [2] * 7  # payload (+ retention deletes), then manifest (+ lease if due)
@@ -304,9 +321,12 @@ def _fleet(hub, tmp_path, minutes=5.0, publish_every_s=10.0, replicas=8):
     for i in range(replicas):
         hub.unit = f"r{i}"
         loop = SyncLoop(
-            URI, rollout_helpers.FakeEngine(SHAPES), f"r{i}",
-            stage_dir=str(tmp_path / f"stage-{i}"), clock=clock,
-        )  # fmt: skip
+            URI,
+            rollout_helpers.FakeEngine(SHAPES),
+            f"r{i}",
+            stage_dir=str(tmp_path / f"stage-{i}"),
+            clock=clock,
+        )
         loop.connect()
         loops.append(loop)
     reader = BucketReader(URI, clock=clock)

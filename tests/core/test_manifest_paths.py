@@ -53,9 +53,12 @@ def test_file_ref_refuses_paths_outside_the_protocol(path):
 
 @pytest.mark.parametrize(
     "path",
-    [f"{anchor_dir(0)}/{part_name(0)}", f"{delta_dir(7)}/{part_name(12)}",
-     f"{delta_dir(12_345_678_901)}/{part_name(10_000)}"],
-)  # fmt: skip
+    [
+        f"{anchor_dir(0)}/{part_name(0)}",
+        f"{delta_dir(7)}/{part_name(12)}",
+        f"{delta_dir(12_345_678_901)}/{part_name(10_000)}",
+    ],
+)
 def test_file_ref_accepts_what_the_publisher_writes(path):
     assert FileRef(path=path, bytes=1, digest="0" * 16).path == path
 

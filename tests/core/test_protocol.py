@@ -253,8 +253,11 @@ def test_before_commit_sees_each_version_after_upload_and_before_the_manifest(tm
     seen = []
 
     def hook(entry):
-        named = Manifest.from_json(store.read_bytes(MANIFEST_PATH)).versions if store.exists(
-            MANIFEST_PATH) else []  # fmt: skip
+        named = (
+            Manifest.from_json(store.read_bytes(MANIFEST_PATH)).versions
+            if store.exists(MANIFEST_PATH)
+            else []
+        )
         payload = (entry.anchor or entry.delta).files[0].path
         committed = entry.version in [v.version for v in named]
         seen.append((entry.version, store.exists(payload), committed))

@@ -1,0 +1,53 @@
+"""``PublisherConfig``: the settings of a ``deltasync.publisher.DeltaPublisher``, with units.
+
+Imported by ``deltasync.publisher`` (and re-exported there, where trainers import it from).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .snapshot import DIFF_ON
+
+
+@dataclass
+class PublisherConfig:
+    """Settings of a :class:`~deltasync.publisher.DeltaPublisher`.
+
+    Attributes:
+        anchor_every: versions between anchors (a full snapshot), counted from the last anchor.
+        anchor_replay_fraction: also anchor when the delta bytes since the last anchor exceed
+            this fraction of an anchor's bytes, which bounds what a new replica downloads.
+        keep_anchors: retention; versions older than the ``keep_anchors``-th newest anchor are
+            dropped from the manifest and their files deleted.
+        part_bytes: size cap of one payload file in bytes (larger payloads are split, so parts
+            upload and download in parallel and none needs one huge buffer).
+        zstd_level: zstandard level of the value streams (1-22).
+        encode_threads: threads that diff and encode tensors in parallel (the kernels release
+            the GIL); the default suits the 2-core CPU default, use more on a big trainer host.
+        diff_on: where ``publish`` diffs (``deltasync.snapshot.Snapshot``): ``auto`` on the
+            device that holds each tensor (an accelerator keeps a bf16 copy of the last
+            published bits; only changes cross to the host), ``host``, or ``device``.
+        lease_s: the writer lease in seconds; another trainer is refused while it is fresh.
+        takeover: take the run over even if another writer's lease looks fresh.
+
+    Raises (on construction):
+        ValueError: ``anchor_every``, ``keep_anchors`` or ``part_bytes`` below 1, or an unknown
+            ``diff_on``.
+    """
+
+    anchor_every: int = 20
+    anchor_replay_fraction: float = 0.5
+    keep_anchors: int = 2
+    part_bytes: int = 512 * 2**20
+    zstd_level: int = 3
+    encode_threads: int = 2
+    lease_s: float = 120.0
+    takeover: bool = False
+    diff_on: str = "auto"
+
+    def __post_init__(self):
+        if self.anchor_every < 1 or self.keep_anchors < 1 or self.part_bytes < 1:
+            raise ValueError(f"anchor_every, keep_anchors, part_bytes must be >= 1: {self}")
+        if self.diff_on not in DIFF_ON:
+            raise ValueError(f"diff_on must be one of {DIFF_ON}, found {self.diff_on!r}")
