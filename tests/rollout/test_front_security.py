@@ -265,9 +265,15 @@ def test_paths_off_the_allow_list_are_404_and_never_reach_vllm(stack, method, ta
 
 @pytest.mark.parametrize(
     "method, target",
-    [("GET", b"/v1/completions"), ("GET", b"/v1/chat/completions"), ("POST", b"/v1/models"),
-     ("DELETE", b"/v1/models"), ("PUT", b"/v1/completions"), ("POST", b"/health")],
-)  # fmt: skip
+    [
+        ("GET", b"/v1/completions"),
+        ("GET", b"/v1/chat/completions"),
+        ("POST", b"/v1/models"),
+        ("DELETE", b"/v1/models"),
+        ("PUT", b"/v1/completions"),
+        ("POST", b"/health"),
+    ],
+)
 def test_wrong_method_is_405_and_never_reaches_vllm(stack, method, target):
     before = len(stack.upstream.snapshot())
     r = send(stack.open.port, method, target, b"{}")
@@ -279,21 +285,28 @@ def test_websocket_upgrade_is_refused(stack):
     before = len(stack.upstream.snapshot())
     r = raw_request(
         stack.open.port,
-        head("GET", b"/v1/models", "Upgrade: websocket", "Sec-WebSocket-Version: 13",
-             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==").replace(b"Connection: close", b"Connection: Upgrade"),
-    )  # fmt: skip
+        head(
+            "GET",
+            b"/v1/models",
+            "Upgrade: websocket",
+            "Sec-WebSocket-Version: 13",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        ).replace(b"Connection: close", b"Connection: Upgrade"),
+    )
     assert status_of(r) in (400, 403, 404), r[:300]
     assert len(stack.upstream.snapshot()) == before
 
 
 @pytest.mark.parametrize(
     "method, target, upstream_path",
-    [("POST", b"/v1/completions", "/v1/completions"),
-     ("POST", b"/v1/chat/completions", "/v1/chat/completions"),
-     ("POST", b"/v1/completions?x=/../pause", "/v1/completions"),
-     ("GET", b"/v1/models", "/v1/models"),
-     ("GET", b"/v1/models?path=..%2fpause", "/v1/models")],
-)  # fmt: skip
+    [
+        ("POST", b"/v1/completions", "/v1/completions"),
+        ("POST", b"/v1/chat/completions", "/v1/chat/completions"),
+        ("POST", b"/v1/completions?x=/../pause", "/v1/completions"),
+        ("GET", b"/v1/models", "/v1/models"),
+        ("GET", b"/v1/models?path=..%2fpause", "/v1/models"),
+    ],
+)
 def test_allowed_routes_reach_vllm_at_exactly_their_path(stack, method, target, upstream_path):
     body = b'{"model": "tiny", "prompt": "hi"}' if method == "POST" else b""
     before = len(stack.upstream.snapshot())
@@ -321,8 +334,12 @@ def test_api_key_is_required_when_set(stack, route):
     target = route.encode()
     body = b'{"model": "tiny", "prompt": "hi"}' if method == "POST" else b""
     before = len(stack.upstream.snapshot())
-    for auth in ((), ("Authorization: Bearer wrong",), ("Authorization: Basic " + API_KEY,),
-                 ("Authorization: Bearer " + API_KEY + "x",)):  # fmt: skip
+    for auth in (
+        (),
+        ("Authorization: Bearer wrong",),
+        ("Authorization: Basic " + API_KEY,),
+        ("Authorization: Bearer " + API_KEY + "x",),
+    ):
         r = send(stack.keyed.port, method, target, body, *auth)
         assert status_of(r) == 401, (auth, r[:300])
         assert b"ROLLOUT_API_KEY" in body_of(r)

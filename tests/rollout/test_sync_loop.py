@@ -189,8 +189,9 @@ def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
             for f in payload.files if payload else []:
                 dst.write_bytes(f.path, src.read_bytes(f.path))
         run = Manifest.from_json(dst.read_bytes(MANIFEST_PATH))
-        dst.write_bytes(MANIFEST_PATH, run.model_copy(update={"versions": [*run.versions, entry]})
-                        .to_json())  # fmt: skip
+        dst.write_bytes(
+            MANIFEST_PATH, run.model_copy(update={"versions": [*run.versions, entry]}).to_json()
+        )
 
     v3 = tr2.publish(["model.norm.weight", "model.layers.0.mlp.up_proj.weight"])
     carry(v3)
@@ -284,9 +285,13 @@ def test_polling_backs_off_while_nothing_changes(tiny_model_dir, bucket, tmp_pat
     tr.publish()
     shapes = {n: a.shape for n, a in tr.bits.items()}
     loop = SyncLoop(
-        bucket, FakeEngine(shapes), "r0", poll_interval_s=0.5, max_poll_interval_s=4.0,
+        bucket,
+        FakeEngine(shapes),
+        "r0",
+        poll_interval_s=0.5,
+        max_poll_interval_s=4.0,
         stage_dir=str(tmp_path / "stage"),
-    )  # fmt: skip
+    )
     loop.connect()
     loop.poll_once()
     assert loop.served_version == 0 and loop.next_poll_delay_s() == 0.5
@@ -318,9 +323,14 @@ def test_heartbeats_on_remote_stores_are_rationed(tiny_model_dir, bucket, tmp_pa
     writes = []
     monkeypatch.setattr(sync_loop, "write_heartbeat", lambda store, hb: writes.append(t[0]))
     loop = SyncLoop(
-        bucket, FakeEngine(shapes), "r0", heartbeat_interval_s=60, heartbeat_min_gap_s=30,
-        stage_dir=str(tmp_path / "stage"), clock=lambda: t[0],
-    )  # fmt: skip
+        bucket,
+        FakeEngine(shapes),
+        "r0",
+        heartbeat_interval_s=60,
+        heartbeat_min_gap_s=30,
+        stage_dir=str(tmp_path / "stage"),
+        clock=lambda: t[0],
+    )
     loop.connect()
     tr.publish()
     for now in range(0, 300, 5):  # nothing changes after v0: a heartbeat per 60 s

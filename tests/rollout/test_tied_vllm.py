@@ -62,9 +62,14 @@ def test_tied_lm_head_follows_embedding_deltas(tmp_path):
     # a fresh server started from the trainer's checkpoint (the first one is stopped: one at a time)
     port = free_port()
     proc = start_vllm(
-        ckpt, port, log_path, env=env, max_model_len=512, extra_args=["--enforce-eager"],
+        ckpt,
+        port,
+        log_path,
+        env=env,
+        max_model_len=512,
+        extra_args=["--enforce-eager"],
         served_model_name=model,
-    )  # fmt: skip
+    )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc, STARTUP_TIMEOUT_S)
         assert generate(f"http://127.0.0.1:{port}", model, PROMPTS) == out

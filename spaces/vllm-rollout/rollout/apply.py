@@ -68,8 +68,9 @@ def bit_sums(model: torch.nn.Module, names, cache: dict[str, int] | None = None)
     return {n: cache[n] if n in cache else bit_sum(params[n]) for n in names if n in params}
 
 
-def checked_patch(model: torch.nn.Module, sum_deltas: dict[str, int], patch,
-                  cache: dict[str, int] | None = None) -> int:  # fmt: skip
+def checked_patch(
+    model: torch.nn.Module, sum_deltas: dict[str, int], patch, cache: dict[str, int] | None = None
+) -> int:
     """Run ``patch()`` (the in-place apply) and check, on the device, that every parameter's
     int16 bit sum moved by ``sum_deltas[name]`` (``rollout.plan.sum_deltas``). A checksum, not a
     digest: it catches values written to the wrong place or not at all, unless the errors cancel
@@ -93,8 +94,11 @@ def checked_patch(model: torch.nn.Module, sum_deltas: dict[str, int], patch,
         log.warning("in-place check: the model has no parameters %s; not checked", missing[:3])
     patch()
     after = bit_sums(model, before)
-    wrong = [(n, sum_deltas[n], after[n] - before[n]) for n in before
-             if after[n] - before[n] != sum_deltas[n]]  # fmt: skip
+    wrong = [
+        (n, sum_deltas[n], after[n] - before[n])
+        for n in before
+        if after[n] - before[n] != sum_deltas[n]
+    ]
     if cache is not None and wrong:
         cache.clear()
     elif cache is not None:
@@ -271,9 +275,11 @@ def apply_in_place(worker: Any, path: str) -> dict:
     tp = getattr(getattr(worker.vllm_config, "parallel_config", None), "tensor_parallel_size", 1)
     if tp == 1 and sums:  # a rank of a TP group holds slices: its sums are not the whole's
         checked = checked_patch(
-            model, sums, lambda: load_checkpoint_weight_patches(model, patches),
+            model,
+            sums,
+            lambda: load_checkpoint_weight_patches(model, patches),
             _SUMS_AFTER_LAST_APPLY,
-        )  # fmt: skip
+        )
     else:
         _SUMS_AFTER_LAST_APPLY.clear()  # weights change unchecked: the sums no longer hold
         load_checkpoint_weight_patches(model, patches)

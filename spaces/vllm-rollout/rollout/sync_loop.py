@@ -14,9 +14,13 @@ One poll (``SyncLoop.poll_once``):
 
 Polling adapts as the ``Follower`` does (bucket reads cost Hub requests on ``hf://``). A bucket
 that cannot be read as configured (a refused token, a missing bucket: ``StoreAccessError``) sets
-status "error" with the reason in ``last_error`` at the first poll and is retried every
-``error_poll_interval_s``; the loop never exits on it. On remote stores
-heartbeats are written at most every ``heartbeat_min_gap_s`` (state changes wait for the gap).
+state ``error`` with the reason in ``last_error`` at the first poll and is retried every
+``error_poll_interval_s``; the loop never exits on it. On remote stores heartbeats are written at
+most every ``heartbeat_min_gap_s`` (``rollout.heartbeat``: state changes wait for the gap).
+
+States (``rollout.state.SyncState``; its value is the heartbeat's and ``/health``'s ``status``)
+change only through ``_set_state``, which refuses a transition that ``rollout.state.TRANSITIONS``
+does not list.
 
 Faults: a payload that fails verification (digest, parse, wrong base) is refused before anything
 is paused; the replica keeps serving the version it has, reports the error in its heartbeat,
@@ -32,48 +36,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
-
-import numpy as np
 
 from deltasync.errors import StoreAccessError, StoreError
 from deltasync.follow import Follower, Pulled
 from deltasync.status import ReplicaHeartbeat, SyncRecord, lag_s, lag_versions, write_heartbeat
-from deltasync.subscriber import merge_patches
 
-from .engine import EngineControlError
-from .plan import ModelInfo, choose_apply_path, plan_reload, sum_deltas
+from .engine import Engine, EngineControlError
+from .heartbeat import HeartbeatSchedule
+from .plan import ModelInfo, choose_apply_path
+from .prepare import Staged, stage_pull
 from .stage import default_stage_dir, write_stage
+from .state import SyncState, check_transition
 
 log = logging.getLogger("rollout.sync")
-
-
-class Engine(Protocol):
-    """What the loop needs from the serving engine (``rollout.engine.VLLMControl``)."""
-
-    def describe(self) -> dict: ...
-    def apply(self, path: str, mode: str) -> list[dict]: ...
-    def pause(self, mode: str = "keep") -> None: ...
-    def resume(self) -> None: ...
-    def set_version(self, version: int) -> None: ...
-    def reset_prefix_cache(self) -> bool: ...
-
-
-@dataclass
-class _Staged:
-    """A verified pull, staged and ready for the pause."""
-
-    pulled: Pulled
-    from_version: int | None  # the version vLLM served before
-    stage_s: float
-    path: str
-    mode: str
-    tensors: int
-
-
-def _is_nan_bits(bits: np.ndarray) -> bool:
-    return bool(np.any((bits & np.uint16(0x7FFF)) > np.uint16(0x7F80)))
 
 
 class SyncLoop:
@@ -131,21 +106,15 @@ class SyncLoop:
         self.engine = engine
         self.replica_id = replica_id
         self.public_url = public_url
-        remote = not self.follower.local
-        self.heartbeat_interval_s = (
-            max(heartbeat_interval_s, 60.0) if remote else heartbeat_interval_s
+        self._beats = HeartbeatSchedule.for_store(
+            not self.follower.local, heartbeat_interval_s, heartbeat_min_gap_s, clock
         )
-        self.heartbeat_min_gap_s = (
-            heartbeat_min_gap_s if heartbeat_min_gap_s is not None else (60.0 if remote else 0.0)
-        )
-        self._clock = clock
-        self._hb_pending = False  # a forced heartbeat waits for heartbeat_min_gap_s
         self.requested_path = apply_path
         self.stage_dir = stage_dir or default_stage_dir()
         self.served_version: int | None = None  # the verified version vLLM serves
         self.dirty = False  # an apply failed inside vLLM: paused until a full reload succeeds
         self._unserved: Pulled | None = None  # verified into held, but its pause failed
-        self.status = "starting"
+        self.status = SyncState.STARTING  # changed only by _set_state
         self.errors = 0
         self.last_error: str | None = None
         self.recent: list[SyncRecord] = []
@@ -153,7 +122,6 @@ class SyncLoop:
         self.apply_path = ""
         self._last_exc: BaseException | None = None
         self._prefix_reset_pending = False
-        self._last_heartbeat: float | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -165,9 +133,14 @@ class SyncLoop:
         self.apply_path = choose_apply_path(self.info, self.requested_path)
         log.info(
             "replica %s: model %s on %s dtype=%s tied=%s apply_path=%s store=%s",
-            self.replica_id, self.info.architecture, self.info.device, self.info.dtype,
-            self.info.tie_word_embeddings, self.apply_path, self.store.uri,
-        )  # fmt: skip
+            self.replica_id,
+            self.info.architecture,
+            self.info.device,
+            self.info.dtype,
+            self.info.tie_word_embeddings,
+            self.apply_path,
+            self.store.uri,
+        )
         return self.apply_path
 
     def start(self) -> None:
@@ -183,8 +156,12 @@ class SyncLoop:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self.status = "stopped"
-        self._last_heartbeat = None  # the final heartbeat is written whatever the gap
+            if self._thread.is_alive():
+                log.warning(
+                    "sync thread still busy after %.0fs; its state changes are refused", timeout
+                )
+        self._set_state(SyncState.STOPPED)
+        self._beats.forget()  # the final heartbeat is written whatever the gap
         self._heartbeat(force=True)
         self.follower.close()
 
@@ -200,6 +177,16 @@ class SyncLoop:
     @property
     def newest_seen(self) -> int | None:
         return self.follower.newest_seen
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """Seconds between heartbeats while nothing changes (remote stores: at least 60)."""
+        return self._beats.interval_s
+
+    @property
+    def heartbeat_min_gap_s(self) -> float:
+        """Least seconds between two heartbeat writes."""
+        return self._beats.min_gap_s
 
     @property
     def poll_interval_s(self) -> float:
@@ -248,54 +235,32 @@ class SyncLoop:
             return None
         if self.follower.failed:
             return None
-        if self.status == "error" and isinstance(self._last_exc, StoreAccessError):
-            self.status = "starting" if self.served_version is None else "ok"
+        if self.status is SyncState.ERROR and isinstance(self._last_exc, StoreAccessError):
+            self._set_state(SyncState.STARTING if self.served_version is None else SyncState.OK)
             self._last_exc = None
         if self._unserved is not None:  # the pause failed last time: serve it with this pull
             pulled = self._unserved if pulled is None else self._unserved.then(pulled)
             self._unserved = None
         if pulled is None:
             if self.newest_seen is not None and self.served_version != self.newest_seen:
-                self.status = "error"  # behind, and nothing verified: reported already
+                self._set_state(SyncState.ERROR)  # behind, and nothing verified: reported already
                 self._heartbeat(force=True)
                 return None
             self._retry_prefix_reset()
             if self.newest_seen is not None:
-                self.status = "ok"
+                self._set_state(SyncState.OK)
             self._heartbeat()
             return None
-        self.status = "syncing" if pulled.plan.from_version is not None else "recovering"
-        t0 = time.perf_counter()
-        path, mode, n = self._stage(pulled)
-        staged = _Staged(pulled, self.served_version, time.perf_counter() - t0, path, mode, n)
+        whole = pulled.plan.from_version is None  # a first version or a re-anchor
+        self._set_state(SyncState.RECOVERING if whole else SyncState.SYNCING)
+        assert self.info is not None
+        path = os.path.join(self.stage_dir, f"{self.replica_id}-v{self.held.version}.safetensors")
+        staged = stage_pull(
+            pulled, self.held, self.info, self.apply_path, self.served_version, path
+        )
         return self._apply(staged)
 
-    def _stage(self, pulled: Pulled) -> tuple[str, str, int]:
-        """Write the staging file for the verified steps; returns (path, mode, tensors)."""
-        assert self.info is not None
-        version = self.held.version
-        path = os.path.join(self.stage_dir, f"{self.replica_id}-v{version}.safetensors")
-        anchored = pulled.kind == "anchor"
-        names = list(self.held.tensors)
-        if anchored or self.served_version is None:
-            touched = names
-        else:
-            touched = sorted({p.name for ps in pulled.applied for p in ps})
-        if self.apply_path == "in-place" and not anchored and self.served_version is not None:
-            merged = merge_patches(self.held, pulled.applied)
-            if not any(_is_nan_bits(p.values) for p in merged):  # NaN is vLLM's "unchanged" mark
-                sparse = {p.name: (p.shape, p.indices, p.values) for p in merged}
-                sums = sum_deltas(merged, self.info.packed_modules_mapping)
-                write_stage(path, "sparse", version, sparse=sparse, sum_deltas=sums)
-                return path, "in-place", len(sparse)
-        rp = plan_reload(
-            touched, names, self.info.packed_modules_mapping, self.info.tie_word_embeddings
-        )
-        dense = {n: self.held.tensors[n] for n in rp.names}
-        write_stage(path, "dense", version, dense=dense, refresh_lm_head=rp.refresh_lm_head)
-        return path, "reload", len(dense)
-
-    def _apply(self, p: _Staged) -> SyncRecord | None:
+    def _apply(self, p: Staged) -> SyncRecord | None:
         """The paused window: pause(keep), apply, record the version, reset prefixes, resume."""
         version = self.held.version
         t_pause = time.perf_counter()
@@ -329,15 +294,26 @@ class SyncLoop:
         self.recent.append(rec)
         self.recent = self.recent[-50:]
         # behind after a sync only when a step was refused (plans always go to the newest)
-        self.status = "ok" if version == self.newest_seen else "error"
+        self._set_state(SyncState.OK if version == self.newest_seen else SyncState.ERROR)
         log.info(
             "sync v%s->v%d %s steps=%d bytes=%d fetch=%.4fs decode=%.4fs stage=%.4fs "
             "paused=%.4fs apply=%.4fs path=%s tensors=%d lag=%.3fs newest=v%s prefix_reset=%s",
-            p.from_version, version, rec.kind, rec.steps, rec.bytes, p.pulled.fetch_s,
+            p.from_version,
+            version,
+            rec.kind,
+            rec.steps,
+            rec.bytes,
+            p.pulled.fetch_s,
             p.pulled.decode_s,
-            p.stage_s, paused_s, apply_s, p.mode, p.tensors, rec.lag_s, self.newest_seen,
+            p.stage_s,
+            paused_s,
+            apply_s,
+            p.mode,
+            p.tensors,
+            rec.lag_s,
+            self.newest_seen,
             "deferred" if self._prefix_reset_pending else "ok",
-        )  # fmt: skip
+        )
         self._heartbeat(force=True)
         return rec
 
@@ -349,22 +325,24 @@ class SyncLoop:
         path = os.path.join(self.stage_dir, f"{self.replica_id}-v{version}-full.safetensors")
         try:
             write_stage(
-                path, "dense", version, dense=dict(self.held.tensors),
+                path,
+                "dense",
+                version,
+                dense=dict(self.held.tensors),
                 refresh_lm_head=self.info.tie_word_embeddings,
-            )  # fmt: skip
+            )
             self.engine.apply(path, "reload")
             self.engine.set_version(version)
             self._prefix_reset_pending = not self.engine.reset_prefix_cache()
             self.engine.resume()
-        except EngineControlError as e:
-            self.status = "error"
+        except EngineControlError as e:  # _report: state recovering (still dirty)
             self._report(e, f"full reload of v{version} failed; generation stays paused")
             return
         finally:
             _unlink(path)
         self.dirty = False
         self.served_version = version
-        self.status = "ok" if version == self.newest_seen else "syncing"
+        self._set_state(SyncState.OK if version == self.newest_seen else SyncState.SYNCING)
         log.warning("recovered: full reload of v%d applied; generation resumed", version)
         self._heartbeat(force=True)
 
@@ -376,18 +354,28 @@ class SyncLoop:
                 self._report(e, "prefix cache reset failed")
 
     # ---------------------------------------------------------------------------------- status
+    def _set_state(self, new: SyncState) -> None:
+        """The one place the state changes.
+
+        Raises:
+            rollout.state.SyncStateError: ``rollout.state.TRANSITIONS`` has no way from the
+                current state to ``new`` (e.g. any change after ``stop``).
+        """
+        check_transition(self.status, new)
+        self.status = new
+
     def _report(self, exc: BaseException, what: str = "") -> None:
         self.errors += 1
         self._last_exc = exc
         self.last_error = f"{type(exc).__name__}: {exc}"[:2000]
-        if self.dirty or self.served_version is None:
-            self.status = "recovering" if self.dirty else "error"
-        else:
-            self.status = "error"
+        self._set_state(SyncState.RECOVERING if self.dirty else SyncState.ERROR)
         log.warning(
             "%s%s (serving v%s, errors=%d)",
-            f"{what}: " if what else "", self.last_error, self.served_version, self.errors,
-        )  # fmt: skip
+            f"{what}: " if what else "",
+            self.last_error,
+            self.served_version,
+            self.errors,
+        )
         self._heartbeat(force=True)
 
     def heartbeat(self) -> ReplicaHeartbeat:
@@ -399,7 +387,7 @@ class SyncLoop:
             newest_seen=self.newest_seen,
             lag_versions=lag_versions(self.newest_seen, self.served_version),
             lag_s=lag_s(self.follower.newest_published_at if behind else None),
-            status=self.status,
+            status=self.status.value,
             apply_path=self.apply_path,
             last_error=self.last_error,
             errors=self.errors,
@@ -411,17 +399,8 @@ class SyncLoop:
         """Write the heartbeat when forced (a state change) or when ``heartbeat_interval_s``
         passed; never twice within ``heartbeat_min_gap_s`` (a forced one then waits: it is
         written by the first poll after the gap)."""
-        now = self._clock()
-        last = self._last_heartbeat
-        since = float("inf") if last is None else now - last
-        if force or self._hb_pending:
-            if since < self.heartbeat_min_gap_s:
-                self._hb_pending = True
-                return
-        elif since < self.heartbeat_interval_s:
+        if not self._beats.due(force):
             return
-        self._last_heartbeat = now
-        self._hb_pending = False
         try:
             write_heartbeat(self.store, self.heartbeat())
         except StoreError as e:  # status is best effort; serving goes on
