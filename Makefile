@@ -105,7 +105,7 @@ eval: setup
 
 # make e2e: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/local/e2e.py)
 e2e: setup
-	$(PY) -m trainer.local.e2eNone $(E2E_ARGS)
+	$(PY) -m trainer.local.e2e $(E2E_ARGS)
 
 # make dashboard [BUCKET=user/run | a folder | hf://... ]   the sync-lag dashboard (Gradio)
 DASHBOARD_PORT ?= 7860

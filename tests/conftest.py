@@ -23,3 +23,11 @@ def pytest_collection_modifyitems(config, items):
         reason = NO_GPU_REASON
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def warm_start_cache(tmp_path_factory):
+    """One warm-start cache folder for the session: the end-to-end tests that train the local
+    model with the same warm-start settings build it once (``trainer.task.warm_start`` keys its
+    cache by every input, so a test with other settings builds its own)."""
+    return str(tmp_path_factory.mktemp("warm-start-cache"))

@@ -7,7 +7,7 @@
    Spaces (``create_repo``), or duplicates them from ``--from-owner``'s Spaces (``duplicate_repo``),
    private unless ``--public`` is given (clients then send ``Authorization: Bearer $HF_TOKEN``);
 3. sets each Space's secrets (``HF_TOKEN``; ``CONTROL_TOKEN`` for the rollout Space) and variables
-   (``DELTASYNC_STORE``/``BUCKET``, ``MODEL``, ``POLL_INTERVAL_S``), then requests its hardware,
+   (``BUCKET``, ``MODEL``, ``POLL_INTERVAL_S``), then requests its hardware,
    with a sleep time (default 1 hour of inactivity) on paid hardware such as the rollout GPU;
 4. uploads each Space in the layout its Dockerfile expects: the Wordle Space's folder as it is (an
    OpenEnv environment, its own build context); the rollout and dashboard Spaces together with the

@@ -12,7 +12,7 @@ from .space_stage import HubCall, space_url
 def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
     """The rollout, Wordle and dashboard Spaces of ``owner``, in that order.
 
-    The rollout Space reads the bucket through ``DELTASYNC_STORE`` and gets ``HF_TOKEN`` and
+    The rollout Space reads the bucket through ``BUCKET`` and gets ``HF_TOKEN`` and
     ``CONTROL_TOKEN`` secrets; the dashboard reads it through ``BUCKET`` with its own (read-only)
     token where one is given; the Wordle Space needs neither. Paid hardware gets
     ``cfg.sleep_time_s``; free hardware keeps the Hub's sleep time.
@@ -25,7 +25,7 @@ def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
             "expected DeployConfig.control_token to be set, found None: pass CONTROL_TOKEN or "
             "call Deployer.specs, which generates one"
         )
-    store_uri = f"hf://buckets/{owner}/{cfg.bucket_name}"
+    bucket = f"hf://buckets/{owner}/{cfg.bucket_name}"
     space_token = cfg.space_token or cfg.token or ""
     dashboard_token = cfg.dashboard_token or space_token
 
@@ -39,7 +39,7 @@ def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
             f"{cfg.prefix}-rollout",
             cfg.rollout_hardware,
             {
-                "DELTASYNC_STORE": store_uri,
+                "BUCKET": bucket,
                 "MODEL": cfg.model,
                 "POLL_INTERVAL_S": f"{cfg.poll_interval_s:g}",
             },
@@ -59,7 +59,7 @@ def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
             "spaces/dashboard",
             f"{cfg.prefix}-dashboard",
             cfg.dashboard_hardware,
-            {"BUCKET": store_uri},
+            {"BUCKET": bucket},
             {"HF_TOKEN": dashboard_token},
             sleep(cfg.dashboard_hardware),
         ),

@@ -155,7 +155,7 @@ class TrainConfig:
     def run_dir(self) -> str:
         return os.path.join(self.runs_root, self.run_id)
 
-    def store_uri(self) -> str:
+    def bucket_uri(self) -> str:
         """The bucket URI (``user/run`` shorthand expanded by ``deltasync.store.resolve_uri``)."""
         from deltasync.store import resolve_uri
 

@@ -124,7 +124,7 @@ class Follower:
     """Keeps ``held`` on the newest verified version of one bucket run.
 
     Args:
-        source: the run's Store or URI, or a ``DeltaSubscriber`` to use.
+        store: the run's Store or bucket URI, or a ``DeltaSubscriber`` to use.
         held: the weights to keep current (default: empty; the first poll loads an anchor).
         poll_interval_s: seconds between polls right after a change (the shortest).
         max_poll_interval_s: the longest wait while nothing changes (default:
@@ -134,7 +134,7 @@ class Follower:
             configured.
         report: called with (error, what) for every error of a poll, which is then not raised
             (a long-lived replica); None: errors propagate (tests, benches, one-shot catch-ups).
-        subscriber_kw: ``DeltaSubscriber`` arguments when ``source`` is not one.
+        subscriber_kw: ``DeltaSubscriber`` arguments when ``store`` is not one.
 
     Attributes:
         newest_seen, newest_published_at: the manifest's newest version and its commit time
@@ -147,7 +147,7 @@ class Follower:
 
     def __init__(
         self,
-        source: Store | str | DeltaSubscriber,
+        store: Store | str | DeltaSubscriber,
         held: HeldWeights | None = None,
         poll_interval_s: float = 1.0,
         max_poll_interval_s: float | None = None,
@@ -155,10 +155,10 @@ class Follower:
         report: Report | None = None,
         **subscriber_kw,
     ):
-        if isinstance(source, DeltaSubscriber):
-            self.subscriber = source
+        if isinstance(store, DeltaSubscriber):
+            self.subscriber = store
         else:
-            self.subscriber = DeltaSubscriber(source, **subscriber_kw)
+            self.subscriber = DeltaSubscriber(store, **subscriber_kw)
         self.store = self.subscriber.store
         self.held = held if held is not None else HeldWeights()
         if max_poll_interval_s is None:

@@ -42,7 +42,7 @@ def trainer():
 
 
 @pytest.fixture(params=["memory", "file"])
-def store_uri(request, tmp_path):
+def bucket(request, tmp_path):
     if request.param == "memory":
         return f"memory://deltasync-test-{uuid.uuid4().hex[:8]}"
     return str(tmp_path / "bucket")

@@ -21,9 +21,9 @@ def assert_bits(follower: Follower, bits: dict) -> None:
         assert np.array_equal(follower.held.tensors[n], b), n
 
 
-def test_follow_on_a_thread_ends_on_the_publishers_bits(store_uri, trainer):
+def test_follow_on_a_thread_ends_on_the_publishers_bits(bucket, trainer):
     cfg = PublisherConfig(anchor_every=3, keep_anchors=10)
-    follower = Follower(store_uri, poll_interval_s=0.01)
+    follower = Follower(bucket, poll_interval_s=0.01)
     stop, wake = threading.Event(), threading.Event()
     pulls = []
 
@@ -34,7 +34,7 @@ def test_follow_on_a_thread_ends_on_the_publishers_bits(store_uri, trainer):
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    with DeltaPublisher(store_uri, config=cfg) as pub:
+    with DeltaPublisher(bucket, config=cfg) as pub:
         for step in range(7):
             trainer.step()
             last = pub.publish(trainer.named(), step=step)
@@ -67,12 +67,12 @@ def _damage(store: Store, path: str) -> None:
 
 
 @pytest.mark.parametrize("reported", [False, True])
-def test_damaged_delta_is_refused_then_routed_around(store_uri, trainer, reported):
+def test_damaged_delta_is_refused_then_routed_around(bucket, trainer, reported):
     errors = []
     report = (lambda exc, what: errors.append((exc, what))) if reported else None
-    follower = Follower(store_uri, report=report)
+    follower = Follower(bucket, report=report)
     cfg = PublisherConfig(anchor_every=3, keep_anchors=10)
-    with DeltaPublisher(store_uri, config=cfg) as pub:
+    with DeltaPublisher(bucket, config=cfg) as pub:
         pub.publish(trainer.named(), step=0)
         pub.flush()
         assert follower.poll().version == 0

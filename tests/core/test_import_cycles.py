@@ -1,38 +1,57 @@
-"""Imports inside the ``deltasync`` package point one way: no module imports, at module level or
-inside a function, a module that imports it back (directly or through others). The checker is
-also shown to find a cycle hidden in a function-level import of a small package written here."""
+"""Imports inside each of the project's packages point one way: no module imports, at module level
+or inside a function, a module that imports it back (directly or through others). Packages with
+sub-packages (``trainer``) are walked whole. The checker is also shown to find a cycle hidden in a
+function-level import of a small package written here."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
-import deltasync
+import pytest
+
+PACKAGES = ["deltasync", "trainer", "rollout", "dashboard", "wordle_env"]
 
 
-def _imports(path: Path, package: str, modules: set[str]) -> set[str]:
-    """The sibling modules ``path`` imports anywhere in its body (relative or absolute)."""
+def _module_names(folder: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package in ``folder`` (a package's
+    ``__init__.py`` is named for the package)."""
+    names = {}
+    for path in folder.rglob("*.py"):
+        parts = path.relative_to(folder.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that module ``name`` imports anywhere in its body."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module:
-                found.add(node.module.split(".")[0])
-            elif node.level == 1 or node.module == package:
-                found.update(a.name for a in node.names)
-            elif node.level == 0 and node.module and node.module.startswith(package + "."):
-                found.add(node.module.split(".")[1])
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:  # `from pkg import mod` imports the module pkg.mod
+                if f"{target}.{alias.name}" in modules:
+                    found.add(f"{target}.{alias.name}")
+            found.add(target)
         elif isinstance(node, ast.Import):
-            found.update(
-                a.name.split(".")[1] for a in node.names if a.name.startswith(package + ".")
-            )
-    return (found & modules) - {path.stem}
+            found.update(a.name for a in node.names)
+    # importing a.b.c runs a/__init__ and a/b/__init__ too, but those are the packages'
+    # docstrings here: count the module named, not its parents
+    return {m for m in found if m in modules} - {name}
 
 
 def import_cycles(folder: Path) -> list[list[str]]:
     """Every import cycle between the modules of the package in ``folder``, each as the list of
-    modules along it, first repeated at the end (e.g. ``["a", "b", "a"]``)."""
-    modules = {p.stem for p in folder.glob("*.py")}
-    graph = {m: sorted(_imports(folder / f"{m}.py", folder.name, modules)) for m in modules}
+    modules along it, first repeated at the end (e.g. ``["pkg.a", "pkg.b", "pkg.a"]``)."""
+    modules = _module_names(folder)
+    graph = {m: sorted(_imports(m, p, modules)) for m, p in modules.items()}
     cycles, state, path = [], {}, []
 
     def visit(m: str) -> None:
@@ -52,8 +71,9 @@ def import_cycles(folder: Path) -> list[list[str]]:
     return cycles
 
 
-def test_deltasync_has_no_import_cycle():
-    folder = Path(deltasync.__file__).parent
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_has_no_import_cycle(package):
+    folder = Path(importlib.util.find_spec(package).origin).parent
     cycles = import_cycles(folder)
     assert cycles == [], (
         f"expected no import cycle in {folder}, found {[' -> '.join(c) for c in cycles]}; move "
@@ -63,11 +83,12 @@ def test_deltasync_has_no_import_cycle():
 
 def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
     pkg = tmp_path / "pkg"
-    pkg.mkdir()
+    (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from .b import B\n\nA = 1\n")
-    (pkg / "b.py").write_text("class B:\n    def f(self):\n        from pkg.a import A\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .sub.b import B\n\nA = 1\n")
+    (pkg / "sub" / "b.py").write_text("class B:\n    def f(self):\n        from pkg.a import A\n")
     (pkg / "c.py").write_text("from . import a\n")
-    assert import_cycles(pkg) == [["a", "b", "a"]]
-    (pkg / "b.py").write_text("class B:\n    pass\n")
+    assert import_cycles(pkg) == [["pkg.a", "pkg.sub.b", "pkg.a"]]
+    (pkg / "sub" / "b.py").write_text("class B:\n    pass\n")
     assert import_cycles(pkg) == []

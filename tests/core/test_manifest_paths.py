@@ -63,14 +63,14 @@ def test_file_ref_accepts_what_the_publisher_writes(path):
     assert FileRef(path=path, bytes=1, digest="0" * 16).path == path
 
 
-def _published(store_uri: str, trainer) -> bytes:
-    pub = DeltaPublisher(store_uri, "run", config=PublisherConfig(anchor_every=2))
+def _published(bucket: str, trainer) -> bytes:
+    pub = DeltaPublisher(bucket, "run", config=PublisherConfig(anchor_every=2))
     for i in range(2):
         trainer.step()
         pub.publish(trainer.named(), step=i)
         pub.flush()
     pub.close()
-    return Store(store_uri).read_bytes(MANIFEST_PATH)
+    return Store(bucket).read_bytes(MANIFEST_PATH)
 
 
 def _rewrite_first_path(data: bytes, new_path: str) -> bytes:
@@ -82,21 +82,21 @@ def _rewrite_first_path(data: bytes, new_path: str) -> bytes:
 
 
 @pytest.mark.parametrize("bad", ["../../../etc/hostname", "/etc/hostname", ""])
-def test_subscriber_reports_a_manifest_with_a_bad_path_as_corrupt(store_uri, trainer, bad):
-    data = _published(store_uri, trainer)
+def test_subscriber_reports_a_manifest_with_a_bad_path_as_corrupt(bucket, trainer, bad):
+    data = _published(bucket, trainer)
     assert Manifest.from_json(data).latest is not None  # the genuine manifest is valid
-    store = Store(store_uri)
+    store = Store(bucket)
     store.write_bytes(MANIFEST_PATH, _rewrite_first_path(data, bad))
     with pytest.raises(ManifestError, match="protocol's pattern"):
-        DeltaSubscriber(store_uri).read_manifest()
+        DeltaSubscriber(bucket).read_manifest()
 
 
-def test_a_file_under_another_versions_folder_is_refused(store_uri, trainer):
-    data = _published(store_uri, trainer)
+def test_a_file_under_another_versions_folder_is_refused(bucket, trainer):
+    data = _published(bucket, trainer)
     latest = Manifest.from_json(data).latest
     kind = "delta" if latest.delta is not None else "anchor"
     other = (delta_dir if kind == "delta" else anchor_dir)(latest.version + 1)
-    store = Store(store_uri)
+    store = Store(bucket)
     store.write_bytes(MANIFEST_PATH, _rewrite_first_path(data, f"{other}/{part_name(0)}"))
     with pytest.raises(ManifestError, match="is not under"):
-        DeltaSubscriber(store_uri).read_manifest()
+        DeltaSubscriber(bucket).read_manifest()

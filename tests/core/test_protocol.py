@@ -34,11 +34,11 @@ def publish_steps(pub, trainer, n, flush_each=True):
     return truth
 
 
-def test_follow_chain_bit_exact(store_uri, trainer):
+def test_follow_chain_bit_exact(bucket, trainer):
     cfg = PublisherConfig(anchor_every=4, keep_anchors=3, anchor_replay_fraction=1e9)
-    sub = DeltaSubscriber(store_uri)
+    sub = DeltaSubscriber(bucket)
     held = HeldWeights()
-    with DeltaPublisher(store_uri, config=cfg) as pub:
+    with DeltaPublisher(bucket, config=cfg) as pub:
         truth = {pub.publish(trainer.named(), step=0): trainer.bits()}
         pub.flush()
         for _ in range(3):
@@ -57,11 +57,11 @@ def test_follow_chain_bit_exact(store_uri, trainer):
     assert fresh.version == held.version and equal(fresh, truth[fresh.version])
 
 
-def test_replay_from_anchor_equals_direct(store_uri, trainer):
+def test_replay_from_anchor_equals_direct(bucket, trainer):
     """Patches of a chain folded into one equal the direct difference from the start version."""
-    sub = DeltaSubscriber(store_uri)
+    sub = DeltaSubscriber(bucket)
     with DeltaPublisher(
-        store_uri, config=PublisherConfig(anchor_every=100, anchor_replay_fraction=1e9)
+        bucket, config=PublisherConfig(anchor_every=100, anchor_replay_fraction=1e9)
     ) as pub:
         pub.publish(trainer.named(), step=0)
         pub.flush()
@@ -81,12 +81,12 @@ def test_replay_from_anchor_equals_direct(store_uri, trainer):
         assert set(direct) <= set(got)  # union may include elements that changed back
 
 
-def test_retention_keeps_what_replay_needs(store_uri, trainer):
+def test_retention_keeps_what_replay_needs(bucket, trainer):
     cfg = PublisherConfig(anchor_every=3, keep_anchors=2, anchor_replay_fraction=1e9)
-    with DeltaPublisher(store_uri, config=cfg) as pub:
+    with DeltaPublisher(bucket, config=cfg) as pub:
         pub.publish(trainer.named(), step=0)
         truth = publish_steps(pub, trainer, 10)
-    store = Store(store_uri)
+    store = Store(bucket)
     m = Manifest.from_json(store.read_bytes(MANIFEST_PATH))
     anchors = [v.version for v in m.versions if v.anchor]
     assert len(anchors) == 2
@@ -103,15 +103,15 @@ def test_retention_keeps_what_replay_needs(store_uri, trainer):
         assert equal(held, truth[m.latest.version])
 
 
-def test_restart_continues_sequence_with_anchor(store_uri, trainer):
-    sub = DeltaSubscriber(store_uri)
+def test_restart_continues_sequence_with_anchor(bucket, trainer):
+    sub = DeltaSubscriber(bucket)
     held = HeldWeights()
-    with DeltaPublisher(store_uri, run_id="r1") as pub:
+    with DeltaPublisher(bucket, run_id="r1") as pub:
         pub.publish(trainer.named(), step=0)
         last = max(publish_steps(pub, trainer, 3))
     sub.sync(held)
     assert held.version == last
-    with DeltaPublisher(store_uri, run_id="r1") as pub2:
+    with DeltaPublisher(bucket, run_id="r1") as pub2:
         trainer.step()
         v = pub2.publish(trainer.named(), step=10)
         assert v == last + 1
@@ -124,15 +124,15 @@ def test_restart_continues_sequence_with_anchor(store_uri, trainer):
     assert held.version == v2 and equal(held, trainer.bits())
 
 
-def test_second_writer_refused(store_uri, trainer):
-    with DeltaPublisher(store_uri) as pub:
+def test_second_writer_refused(bucket, trainer):
+    with DeltaPublisher(bucket) as pub:
         pub.publish(trainer.named())
         with pytest.raises(ConcurrentWriterError, match="takeover"):
-            DeltaPublisher(store_uri)
+            DeltaPublisher(bucket)
 
 
-def test_model_mismatch_refused(store_uri, trainer):
-    with DeltaPublisher(store_uri) as pub:
+def test_model_mismatch_refused(bucket, trainer):
+    with DeltaPublisher(bucket) as pub:
         pub.publish(trainer.named())
         bad = trainer.named()
         bad[0] = (bad[0][0], bad[0][1][:-1])
@@ -143,11 +143,11 @@ def test_model_mismatch_refused(store_uri, trainer):
         pub.publish(trainer.named())  # the publisher keeps working after bad input
 
 
-def test_coalescing_when_uploads_fall_behind(store_uri, trainer):
+def test_coalescing_when_uploads_fall_behind(bucket, trainer):
     import threading
 
     gate, entered = threading.Event(), threading.Event()
-    pub = DeltaPublisher(store_uri)
+    pub = DeltaPublisher(bucket)
 
     def slow_commit(entry):  # the public seam: v0's commit waits on the gate
         entered.set()
@@ -162,19 +162,19 @@ def test_coalescing_when_uploads_fall_behind(store_uri, trainer):
         truth[pub.publish(trainer.named(), step=s)] = trainer.bits()
     gate.set()
     pub.close()
-    m = Manifest.from_json(Store(store_uri).read_bytes(MANIFEST_PATH))
+    m = Manifest.from_json(Store(bucket).read_bytes(MANIFEST_PATH))
     versions = [v.version for v in m.versions]
     assert versions[0] == v0 and versions[-1] == max(truth)
     assert len(versions) < 1 + len(truth)  # pending versions were folded together
     assert sum(v.coalesced for v in m.versions) == len(truth) + 1 - len(versions)
     held = HeldWeights()
-    DeltaSubscriber(store_uri).sync(held)
+    DeltaSubscriber(bucket).sync(held)
     assert equal(held, truth[max(truth)])
 
 
-def test_crash_between_payload_and_manifest_keeps_previous_version(store_uri, trainer):
-    sub = DeltaSubscriber(store_uri)
-    pub = DeltaPublisher(store_uri, config=PublisherConfig(lease_s=600))
+def test_crash_between_payload_and_manifest_keeps_previous_version(bucket, trainer):
+    sub = DeltaSubscriber(bucket)
+    pub = DeltaPublisher(bucket, config=PublisherConfig(lease_s=600))
     pub.publish(trainer.named(), step=0)
     good = max(publish_steps(pub, trainer, 2))
     good_bits = trainer.bits()
@@ -190,13 +190,13 @@ def test_crash_between_payload_and_manifest_keeps_previous_version(store_uri, tr
     pub.publish(trainer.named(), step=9)
     with pytest.raises(OSError, match="simulated"):
         pub.flush()
-    store = Store(store_uri)
+    store = Store(bucket)
     assert any(p.startswith(f"deltas/v{good + 1:010d}") for p in store.ls("deltas"))  # orphan
     held = HeldWeights()
     sub.sync(held)
     assert held.version == good and equal(held, good_bits)
     # a restarted trainer takes over, removes the orphan and continues the sequence
-    pub2 = DeltaPublisher(store_uri, config=PublisherConfig(takeover=True))
+    pub2 = DeltaPublisher(bucket, config=PublisherConfig(takeover=True))
     assert not any(p.startswith(f"deltas/v{good + 1:010d}") for p in store.ls("deltas"))
     with pub2:
         assert pub2.publish(trainer.named(), step=10) == good + 1
@@ -204,10 +204,10 @@ def test_crash_between_payload_and_manifest_keeps_previous_version(store_uri, tr
     assert held.version == good + 1 and equal(held, trainer.bits())
 
 
-def test_corrupt_file_and_wrong_base_never_apply(store_uri, trainer):
-    sub = DeltaSubscriber(store_uri)
+def test_corrupt_file_and_wrong_base_never_apply(bucket, trainer):
+    sub = DeltaSubscriber(bucket)
     held = HeldWeights()
-    with DeltaPublisher(store_uri) as pub:
+    with DeltaPublisher(bucket) as pub:
         pub.publish(trainer.named(), step=0)
         pub.flush()
         sub.sync(held)
@@ -220,7 +220,7 @@ def test_corrupt_file_and_wrong_base_never_apply(store_uri, trainer):
     with pytest.raises(BaseVersionMismatch, match="holds v0"):
         sub.decode_into(sub.fetch(second), held, m)
     # a flipped byte in the payload: the file digest catches it
-    store = Store(store_uri)
+    store = Store(bucket)
     path = first.files[0].path
     data = bytearray(store.read_bytes(path))
     data[-3] ^= 0x40

@@ -9,8 +9,8 @@ from deltasync.errors import StoreAuthError, StoreError, StoreNotFoundError
 from deltasync.store import Store
 
 
-def test_roundtrip_and_listing(store_uri):
-    s = Store(store_uri)
+def test_roundtrip_and_listing(bucket):
+    s = Store(bucket)
     s.write_bytes("a/b/c.bin", b"123")
     s.write_bytes("a/d.bin", b"45")
     assert s.read_bytes("a/b/c.bin") == b"123"
@@ -22,10 +22,10 @@ def test_roundtrip_and_listing(store_uri):
         s.read_bytes("a/d.bin")
 
 
-def test_put_and_get_file(store_uri, tmp_path):
+def test_put_and_get_file(bucket, tmp_path):
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(3 << 20))
-    s = Store(store_uri)
+    s = Store(bucket)
     s.put_file(str(src), "big/part-0000.safetensors")
     dst = tmp_path / "dst.bin"
     s.get_file("big/part-0000.safetensors", str(dst))
@@ -106,12 +106,12 @@ def test_reader_does_not_create_folders(tmp_path):
     assert not (tmp_path / "absent").exists()
 
 
-def test_write_many_writes_bytes_and_files(store_uri, tmp_path):
+def test_write_many_writes_bytes_and_files(bucket, tmp_path):
     from pathlib import Path
 
     src = tmp_path / "part.bin"
     src.write_bytes(b"abc" * 1000)
-    s = Store(store_uri)
+    s = Store(bucket)
     s.write_many([("deltas/v1/part-0000.safetensors", Path(src)), ("manifest.json", b"{}")])
     s.write_many([])
     assert s.read_bytes("deltas/v1/part-0000.safetensors") == src.read_bytes()

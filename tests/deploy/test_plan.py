@@ -47,7 +47,7 @@ def test_dry_run_prints_every_call_in_order_and_makes_none(make_deployer):
         "sleep_time=3600)" in text
     )
     assert "request_space_hardware(repo_id='alice/deltasync-wordle', hardware='cpu-basic')" in text
-    assert "key='DELTASYNC_STORE', value='hf://buckets/alice/deltasync-run'" in text
+    assert "key='BUCKET', value='hf://buckets/alice/deltasync-run'" in text
     assert "key='MODEL', value='Qwen/Qwen3-0.6B'" in text
     assert "repo_id='alice/deltasync-dashboard', key='BUCKET', value='hf://buckets/alice/" in text
 

@@ -51,7 +51,7 @@ def test_secrets_and_variables_reach_the_spaces(make_deployer):
         ("alice/deltasync-dashboard", "HF_TOKEN"): TOKEN,
     }
     assert variables == {
-        ("alice/deltasync-rollout", "DELTASYNC_STORE"): "hf://buckets/alice/deltasync-run",
+        ("alice/deltasync-rollout", "BUCKET"): "hf://buckets/alice/deltasync-run",
         ("alice/deltasync-rollout", "MODEL"): "Qwen/Qwen3-1.7B",
         ("alice/deltasync-rollout", "POLL_INTERVAL_S"): "2.5",
         ("alice/deltasync-dashboard", "BUCKET"): "hf://buckets/alice/deltasync-run",

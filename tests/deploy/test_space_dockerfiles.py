@@ -94,5 +94,5 @@ def test_deploy_sets_the_variables_the_images_read():
     """The Space variables `make spaces` sets are the ones the runs below pass."""
     specs = {s.key: s for s in Deployer(DeployConfig(owner="a"), out=None).specs("a")}
     assert set(specs["dashboard"].variables) == {"BUCKET"}
-    assert {"DELTASYNC_STORE", "MODEL"} <= set(specs["rollout"].variables)
+    assert {"BUCKET", "MODEL"} <= set(specs["rollout"].variables)
     assert specs["wordle"].variables == {}

@@ -143,7 +143,7 @@ def rollout_env(img: Image, tmp_path, **extra: str) -> dict[str, str]:
 
 
 def test_rollout_image_gets_through_its_imports_to_the_config_check(image, tmp_path):
-    """Without DELTASYNC_STORE the launcher stops at its configuration, after importing the
+    """Without BUCKET the launcher stops at its configuration, after importing the
     front, the sync loop and deltasync from the image's files: a missing module or file, or a
     CMD the image cannot run, fails before that line."""
     img = image("rollout")
@@ -156,7 +156,7 @@ def test_rollout_image_gets_through_its_imports_to_the_config_check(image, tmp_p
         stop(proc)
     text = tail(log)
     assert code != 0, text
-    assert "ConfigError: expected a bucket URI in DELTASYNC_STORE (or BUCKET), found none" in text
+    assert "ConfigError: expected the run's bucket URI in BUCKET, found none" in text
     assert "ModuleNotFoundError" not in text and "No such file" not in text, text
 
 
@@ -184,7 +184,7 @@ def test_rollout_image_starts_vllm_with_a_command_line_vllm_accepts(image, tmp_p
     bucket = tmp_path / "bucket"
     bucket.mkdir()
     env = rollout_env(
-        img, tmp_path, DELTASYNC_STORE=f"file://{bucket}", MODEL=str(tmp_path / "no-such-model")
+        img, tmp_path, BUCKET=f"file://{bucket}", MODEL=str(tmp_path / "no-such-model")
     )
     log = str(tmp_path / "rollout.log")
     proc = start(img, img.df.cmd, env, log)

@@ -12,7 +12,7 @@ import pytest
 
 from rollout.config import ConfigError, RolloutConfig
 
-REQUIRED = {"DELTASYNC_STORE": "file:///tmp/b", "MODEL": "Qwen/Qwen3-0.6B"}
+REQUIRED = {"BUCKET": "file:///tmp/b", "MODEL": "Qwen/Qwen3-0.6B"}
 HINTS = typing.get_type_hints(RolloutConfig)
 DECLARED = [f for f in fields(RolloutConfig) if "env" in f.metadata]
 
@@ -66,9 +66,7 @@ def test_each_declared_variable_is_read_by_the_field_type(f: Field, name: str):
 def test_unset_or_blank_variables_keep_the_declared_defaults(blank):
     env = dict(REQUIRED)
     if blank is not None:
-        env |= {
-            n: blank for f in DECLARED if f.name not in ("store_uri", "model") for n in _names(f)
-        }
+        env |= {n: blank for f in DECLARED if f.name not in ("bucket", "model") for n in _names(f)}
     cfg = RolloutConfig.from_env(env)
     for f in DECLARED:
         if f.default is not MISSING or f.default_factory is not MISSING:
@@ -94,3 +92,19 @@ def test_replica_id_and_public_url_fall_back_to_the_space():
     )
     assert (cfg.replica_id, cfg.public_url) == ("r1", "http://10.0.0.2:7860")
     assert RolloutConfig.from_env(REQUIRED).public_url is None
+
+
+def test_deprecated_deltasync_store_still_names_the_bucket_with_a_warning(caplog):
+    """The run root's environment name is BUCKET; DELTASYNC_STORE (its name before) is read for
+    one release, with a DeprecationWarning and a log line, and refused when it disagrees."""
+    with pytest.warns(DeprecationWarning, match="DELTASYNC_STORE is deprecated.*set BUCKET"):
+        cfg = RolloutConfig.from_env({"DELTASYNC_STORE": "file:///tmp/old", "MODEL": "m"})
+    assert cfg.bucket == "file:///tmp/old"
+    assert any("set BUCKET instead" in r.getMessage() for r in caplog.records)
+    with pytest.warns(DeprecationWarning):  # both, the same: accepted
+        same = {"DELTASYNC_STORE": "file:///tmp/b", "BUCKET": "file:///tmp/b", "MODEL": "m"}
+        assert RolloutConfig.from_env(same).bucket == "file:///tmp/b"
+    with pytest.raises(ConfigError, match="expected one bucket.*unset DELTASYNC_STORE"):
+        RolloutConfig.from_env(
+            {"DELTASYNC_STORE": "file:///a", "BUCKET": "file:///b", "MODEL": "m"}
+        )

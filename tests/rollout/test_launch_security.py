@@ -11,7 +11,7 @@ from rollout.config import DEFAULT_MAX_BODY_BYTES, ConfigError, RolloutConfig, s
 from rollout.launch import vllm_command, vllm_env
 
 SPACE = Path(__file__).resolve().parents[2] / "spaces" / "vllm-rollout"
-BASE = {"DELTASYNC_STORE": "file:///tmp/b", "MODEL": "Qwen/Qwen3-0.6B"}
+BASE = {"BUCKET": "file:///tmp/b", "MODEL": "Qwen/Qwen3-0.6B"}
 SECRETS = {
     "HF_TOKEN": "hf_x",
     "HUGGING_FACE_HUB_TOKEN": "hf_y",

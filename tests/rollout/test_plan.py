@@ -134,11 +134,11 @@ def test_config_from_env_reads_everything_and_hides_the_token():
             "VLLM_EXTRA_ARGS": "--enforce-eager --max-num-seqs 4",
         }
     )
-    assert cfg.store_uri == "hf://buckets/me/run" and cfg.poll_interval_s == 0.5
+    assert cfg.bucket == "hf://buckets/me/run" and cfg.poll_interval_s == 0.5
     assert cfg.replica_id == "me--rollout" and cfg.port == 7860
     assert cfg.vllm_extra_args == ("--enforce-eager", "--max-num-seqs", "4")
     assert "s3cret" not in repr(cfg)
-    with pytest.raises(ConfigError, match="DELTASYNC_STORE"):
+    with pytest.raises(ConfigError, match="bucket URI in BUCKET"):
         RolloutConfig.from_env({"MODEL": "m"})
     with pytest.raises(ConfigError, match="POLL_INTERVAL_S"):
         RolloutConfig.from_env({"BUCKET": "b", "MODEL": "m", "POLL_INTERVAL_S": "soon"})

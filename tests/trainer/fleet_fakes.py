@@ -27,8 +27,13 @@ class FakeReplica:
     ``hang`` (/v1 answers after ``hang_s``). ``delay_s`` per /v1 request (or ``per_token_s``
     times the request's ``max_tokens``). ``start()``/``stop()`` can be repeated on one port."""
 
-    def __init__(self, version: int = 1, port: int | None = None, delay_s: float = 0.0,
-                 per_token_s: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        version: int = 1,
+        port: int | None = None,
+        delay_s: float = 0.0,
+        per_token_s: float = 0.0,
+    ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.version = version
@@ -84,8 +89,11 @@ class FakeReplica:
                 ids = [
                     (fake.port * 131 + fake.requests * 7919 + 31 * i) % 50_000 for i in range(20)
                 ]
-                self._send(200, {"choices": [{"text": "ok", "token_ids": ids}], "echo": body},
-                           {"X-Deltasync-Version": str(fake.version)})  # fmt: skip
+                self._send(
+                    200,
+                    {"choices": [{"text": "ok", "token_ids": ids}], "echo": body},
+                    {"X-Deltasync-Version": str(fake.version)},
+                )
 
         self._server = _Server(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()

@@ -36,8 +36,9 @@ def fleet():
 
     def make(urls=None, wait_s=30.0, request_timeout_s=10.0, **kw):
         pool = ReplicaPool(urls, health_interval_s=0.2, **kw).start()
-        router = FleetRouter(pool, wait_s=wait_s, request_timeout_s=request_timeout_s,
-                             log_every_s=0.5)  # fmt: skip
+        router = FleetRouter(
+            pool, wait_s=wait_s, request_timeout_s=request_timeout_s, log_every_s=0.5
+        )
         started.append((pool, router))
         return pool, router.start(free_port())
 
@@ -135,12 +136,23 @@ def test_discovery_from_heartbeats_join_leave_and_bad_urls(replicas, caplog):
     store = Store("memory://fleet-discovery")
 
     def announce(rid: str, url: str, age_s: float = 0.0) -> None:
-        write_heartbeat(store, ReplicaHeartbeat(
-            replica_id=rid, held_version=1, newest_seen=1, lag_versions=0, lag_s=0.0,
-            status="ok", url=url, updated_at=time.time() - age_s))  # fmt: skip
+        write_heartbeat(
+            store,
+            ReplicaHeartbeat(
+                replica_id=rid,
+                held_version=1,
+                newest_seen=1,
+                lag_versions=0,
+                lag_s=0.0,
+                status="ok",
+                url=url,
+                updated_at=time.time() - age_s,
+            ),
+        )
 
-    pool = ReplicaPool(store=store, heartbeat_max_age_s=60.0, require_https=True,
-                       discover_interval_s=0.0)  # every refresh reads the heartbeats  # fmt: skip
+    pool = ReplicaPool(
+        store=store, heartbeat_max_age_s=60.0, require_https=True, discover_interval_s=0.0
+    )  # every refresh reads the heartbeats
     announce("a", a.url)
     announce("evil", "http://203.0.113.7:8000")  # plain http off loopback, remote bucket
     announce("bad", "ftp://x/y")
@@ -174,8 +186,9 @@ def test_a_replica_too_far_behind_is_drained(fleet, replicas):
 def test_per_replica_headers_replace_the_callers_authorization(fleet, replicas):
     (a,) = replicas(1)
     _, url = fleet([a.url], headers_for=lambda u: {"Authorization": "Bearer replica-token"})
-    r = httpx.post(f"{url}/v1/completions", json=BODY,
-                   headers={"Authorization": "Bearer from-trl"}, timeout=30)  # fmt: skip
+    r = httpx.post(
+        f"{url}/v1/completions", json=BODY, headers={"Authorization": "Bearer from-trl"}, timeout=30
+    )
     assert r.status_code == 200
     assert a.auth == ["Bearer replica-token"]
 
@@ -231,11 +244,19 @@ def test_each_sample_is_tagged_with_the_oldest_version_that_answered_it(replicas
     pool = ReplicaPool([old.url, new.url], health_interval_s=0.2).start()
     router = FleetRouter(pool, wait_s=30.0, request_timeout_s=10.0)
     url = router.start(free_port())
-    inner = SimpleNamespace(rollout_buffer=queue.Queue(), metrics_queue=queue.Queue(),
-                            update_model_version=lambda v: None)  # fmt: skip
+    inner = SimpleNamespace(
+        rollout_buffer=queue.Queue(),
+        metrics_queue=queue.Queue(),
+        update_model_version=lambda v: None,
+    )
     published = {"v": None}
-    tagger = ReplicaVersionTagger(inner, lambda: published["v"], lambda: None, poll_s=3600,
-                                  sample_versions_fn=router.affinity.versions_of)  # fmt: skip
+    tagger = ReplicaVersionTagger(
+        inner,
+        lambda: published["v"],
+        lambda: None,
+        poll_s=3600,
+        sample_versions_fn=router.affinity.versions_of,
+    )
     for trl, bucket in ((1, 3), (2, 4), (3, 5)):  # TRL versions 1..3 are bucket v3..v5
         published["v"] = bucket
         tagger.update_model_version(trl)

@@ -61,9 +61,13 @@ def test_tool_call_and_prompt_fit_the_turn_and_context(tokenizer):
     prompt = prompt_messages()
     prompt[-1]["content"] += RESET_TEXT
     first = tokenizer.apply_chat_template(
-        prompt, tools=[guess_tool()], add_generation_prompt=True, tokenize=True,
-        return_dict=False, enable_thinking=False,
-    )  # fmt: skip
+        prompt,
+        tools=[guess_tool()],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        enable_thinking=False,
+    )
     assert len(first) <= 400
 
 
@@ -76,9 +80,13 @@ def test_transcript_is_prefix_consistent_with_rollout_rendering(games, tokenizer
         assert sum(mask) > 0
         for i in turns:
             prefix = tokenizer.apply_chat_template(
-                messages[:i], tools=[guess_tool()], add_generation_prompt=True, tokenize=True,
-                return_dict=False, enable_thinking=False,
-            )  # fmt: skip
+                messages[:i],
+                tools=[guess_tool()],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                enable_thinking=False,
+            )
             assert full[: len(prefix)] == prefix
             n = len(prefix)
             assert mask[n - 1] == 0 and mask[n] == 1  # the reply starts right after the prompt

@@ -161,8 +161,9 @@ class ReplicaPool:
             if problem:
                 if hb.url not in self._warned:
                     self._warned.add(hb.url)
-                    log.warning("replica %s announces %r: %s; ignored", hb.replica_id, hb.url,
-                                problem)  # fmt: skip
+                    log.warning(
+                        "replica %s announces %r: %s; ignored", hb.replica_id, hb.url, problem
+                    )
                 continue
             url = hb.url.rstrip("/")
             seen.add(url)
@@ -252,8 +253,9 @@ class ReplicaPool:
         wins while it serves and has at most ``STICKY_SLACK`` more requests in flight than the
         least loaded."""
         with self.lock:
-            ready = [r for r in self.replicas.values()
-                     if r.state == "serving" and r.url not in exclude]  # fmt: skip
+            ready = [
+                r for r in self.replicas.values() if r.state == "serving" and r.url not in exclude
+            ]
             if not ready:
                 return None
             r = min(ready, key=lambda x: (x.inflight, x.served))
@@ -263,8 +265,9 @@ class ReplicaPool:
             r.inflight += 1
             return r
 
-    def release(self, r: Replica, error: str | None, version: int | None = None,
-                count_failure: bool = False) -> None:  # fmt: skip
+    def release(
+        self, r: Replica, error: str | None, version: int | None = None, count_failure: bool = False
+    ) -> None:
         """Count a finished request; ``error`` marks the replica ``down`` until its next
         successful health check; ``count_failure`` counts a failed answer of a live replica."""
         with self.lock:
@@ -291,8 +294,9 @@ class ReplicaPool:
     def describe(self) -> str:
         """Every member in one line (for waits and errors)."""
         with self.lock:
-            parts = [f"{r.describe()} at {r.url}" for r in self.replicas.values()
-                     if r.state != "gone"]  # fmt: skip
+            parts = [
+                f"{r.describe()} at {r.url}" for r in self.replicas.values() if r.state != "gone"
+            ]
         return "; ".join(parts) or "no replica known (none announced in the bucket)"
 
     def snapshot(self) -> list[dict]:
@@ -300,19 +304,29 @@ class ReplicaPool:
         the answers it served per bucket version (from ``X-Deltasync-Version``)."""
         with self.lock:
             return [
-                {"url": r.url, "replica_id": r.replica_id, "state": r.state,
-                 "held_version": r.held_version, "inflight": r.inflight, "served": r.served,
-                 "failed": r.failed, "last_error": r.last_error,
-                 "served_by_version": dict(sorted(r.versions.items()))}
+                {
+                    "url": r.url,
+                    "replica_id": r.replica_id,
+                    "state": r.state,
+                    "held_version": r.held_version,
+                    "inflight": r.inflight,
+                    "served": r.served,
+                    "failed": r.failed,
+                    "last_error": r.last_error,
+                    "served_by_version": dict(sorted(r.versions.items())),
+                }
                 for r in self.replicas.values()
-            ]  # fmt: skip
+            ]
 
     def oldest_serving_version(self) -> int | None:
         """The oldest version any serving (or draining) replica holds: the version to tag new
         rollouts with when it is not known which replica generates them."""
         with self.lock:
-            held = [r.held_version for r in self.replicas.values()
-                    if r.state in ("serving", "draining") and r.held_version is not None]  # fmt: skip
+            held = [
+                r.held_version
+                for r in self.replicas.values()
+                if r.state in ("serving", "draining") and r.held_version is not None
+            ]
         return min(held) if held else None
 
 

@@ -26,8 +26,17 @@ log = logging.getLogger("trainer.fleet")
 
 VERSION_HEADER = "X-Deltasync-Version"  # set by the replica's front (rollout.server)
 REPLICA_HEADER = "X-Deltasync-Replica"  # set here: which replica answered
-_HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
-                "content-length", "content-encoding", "authorization"}  # fmt: skip
+_HOP_HEADERS = {
+    "host",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+    "content-length",
+    "content-encoding",
+    "authorization",
+}
 
 
 class FleetRouter:
@@ -41,8 +50,13 @@ class FleetRouter:
         log_every_s: seconds between the "waiting for a replica" lines.
     """
 
-    def __init__(self, pool: ReplicaPool, wait_s: float = 900.0, request_timeout_s: float = 300.0,
-                 log_every_s: float = 10.0):  # fmt: skip
+    def __init__(
+        self,
+        pool: ReplicaPool,
+        wait_s: float = 900.0,
+        request_timeout_s: float = 300.0,
+        log_every_s: float = 10.0,
+    ):
         self.pool = pool
         self.wait_s = wait_s
         self.request_timeout_s = request_timeout_s
@@ -53,8 +67,9 @@ class FleetRouter:
         self.url: str | None = None
         self.affinity = EpisodeAffinity()
 
-    def _remember_turn(self, prompt: list[int], resp: httpx.Response, url: str,
-                       version: int | None) -> None:  # fmt: skip
+    def _remember_turn(
+        self, prompt: list[int], resp: httpx.Response, url: str, version: int | None
+    ) -> None:
         """After an answer: remember its replica (for the episode's next turn) and the version
         that generated it (for the sample's staleness)."""
         try:
@@ -86,9 +101,10 @@ class FleetRouter:
 
         async def health(request: Request) -> Response:
             serving = any(r["state"] == "serving" for r in self.pool.snapshot())
-            return JSONResponse({"status": "ok" if serving else "waiting",
-                                 "replicas": self.pool.snapshot()},
-                                status_code=200 if serving else 503)  # fmt: skip
+            return JSONResponse(
+                {"status": "ok" if serving else "waiting", "replicas": self.pool.snapshot()},
+                status_code=200 if serving else 503,
+            )
 
         async def proxy(request: Request) -> Response:
             body = await request.body()
@@ -118,15 +134,20 @@ class FleetRouter:
                         return JSONResponse({"error": msg}, status_code=503)
                     if time.monotonic() - last_log >= self.log_every_s:
                         last_log = time.monotonic()
-                        log.warning("waiting %.0fs for a rollout replica: %s", waited,
-                                    self.pool.describe())  # fmt: skip
+                        log.warning(
+                            "waiting %.0fs for a rollout replica: %s", waited, self.pool.describe()
+                        )
                     await asyncio.to_thread(self.pool.wait_change, 0.5)
                     tried.clear()  # every replica may be tried again once one changes
                     continue
                 try:
-                    resp = await http(r.url).request(request.method, r.url + path, content=body,
-                                                headers={**headers, **self.pool.headers_for(r.url)},
-                                                params=request.query_params)  # fmt: skip
+                    resp = await http(r.url).request(
+                        request.method,
+                        r.url + path,
+                        content=body,
+                        headers={**headers, **self.pool.headers_for(r.url)},
+                        params=request.query_params,
+                    )
                 except httpx.HTTPError as e:  # refused, reset, timed out: the replica is down
                     self.pool.release(r, f"{type(e).__name__} on {path}")
                     tried.add(r.url)
@@ -148,17 +169,20 @@ class FleetRouter:
                 self.max_request_s = max(self.max_request_s, time.monotonic() - t0)
                 return _response(resp, r.replica_id)
 
-        return Starlette(routes=[
-            Route("/health", health, methods=["GET"]),
-            Route("/v1/{rest:path}", proxy, methods=["GET", "POST"]),
-        ])  # fmt: skip
+        return Starlette(
+            routes=[
+                Route("/health", health, methods=["GET"]),
+                Route("/v1/{rest:path}", proxy, methods=["GET", "POST"]),
+            ]
+        )
 
     def start(self, port: int) -> str:
         """Serve on ``127.0.0.1:port`` in a daemon thread; returns the base URL."""
         import uvicorn
 
-        config = uvicorn.Config(self.app(), host="127.0.0.1", port=port, log_level="warning",
-                                access_log=False)  # fmt: skip
+        config = uvicorn.Config(
+            self.app(), host="127.0.0.1", port=port, log_level="warning", access_log=False
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="fleet-router", daemon=True)
         self._thread.start()

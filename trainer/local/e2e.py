@@ -5,9 +5,12 @@ file bucket, for enough steps to cross several anchors:
 
 - replica ``local-0`` serves the trainer's rollouts from the start, through the fleet router;
 - replica ``local-1`` starts late (after ``late_at`` steps), catches up from an anchor, joins the
-  fleet by its heartbeat and serves rollouts too, is killed with SIGKILL once it has applied a
-  version (a crash: no clean shutdown; its requests in flight go to ``local-0`` and training goes
-  on), and is restarted two steps later, after which it re-anchors, rejoins and serves again;
+  fleet by its heartbeat and serves rollouts too, is killed with SIGKILL at the first step from
+  ``kill_at`` on where it has served rollouts (a crash: no clean shutdown; its requests in flight
+  go to ``local-0`` and training goes on), and is restarted two steps later, after which it
+  re-anchors, rejoins and serves again. Training goes on past the planned steps until the
+  restarted replica has served and each replica has served at least 10% of the rollout requests
+  (up to a ceiling); ``make e2e`` fails when any of this did not happen while training ran;
 - one delta (of a version that also carries an anchor) is corrupted in the bucket after upload and
   before its manifest commit: every replica refuses it (file digest mismatch), reports the error,
   and recovers from that version's anchor.
@@ -35,19 +38,36 @@ from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import read_heartbeats
 from trainer.config import TrainConfig
 from trainer.local import processes
-from trainer.run import RunContext, run
+from trainer.run import run
+from trainer.stack import RunStack
 
-log = logging.getLogger("trainer.local.e2eNone")
+log = logging.getLogger("trainer.local.e2e")
 LATE = "local-1"
+MIN_SHARE = 0.10  # the least share of the rollout requests each replica serves
 
 
 class Faults(TrainerCallback):
-    """Starts the late replica, kills it, restarts it, at step boundaries."""
+    """Injects the replica faults while training runs, each once the one before has happened, and
+    ends training once the plan is complete.
 
-    def __init__(self, ctx: RunContext, late_at: int, kill_at: int):
-        self.ctx = ctx
-        self.late_at = late_at
-        self.kill_at = kill_at
+    The plan: at step ``late_at`` start the late replica; at the first step from ``kill_at`` on
+    where it has served rollouts, SIGKILL it; two steps later restart it. Training runs at least
+    ``steps`` steps and then stops at the first step where the restarted replica has served
+    rollouts and every replica id has served at least ``min_share`` of all the rollout requests.
+    TrainConfig's ``max_steps`` is only the ceiling: a run that reaches it without completing the
+    plan ends there, and :func:`_report` says which fault did not happen (``make e2e`` fails).
+
+    Args:
+        stack: the run's :class:`~trainer.stack.RunStack` (the late replica is one of its
+            children, so it is stopped with the stack).
+        steps: the planned number of steps (the least the run trains).
+        late_at, kill_at: steps (see above).
+        min_share: the least share of the rollout requests each replica id must serve (0.1).
+    """
+
+    def __init__(self, stack: RunStack, steps: int, late_at: int, kill_at: int, min_share: float):
+        self.stack = stack
+        self.steps, self.late_at, self.kill_at, self.min_share = steps, late_at, kill_at, min_share
         self.replica: processes.Child | None = None
         self.events: list[dict] = []
         self.killed_step: int | None = None
@@ -59,57 +79,60 @@ class Faults(TrainerCallback):
 
     def _start(self, step: int) -> None:
         self.replica = processes.start_replica(
-            self.ctx.store_uri, self.ctx.model_path, self.ctx.logs_dir, replica_id=LATE
+            self.stack.bucket, self.stack.model_path, self.stack.logs_dir, replica_id=LATE
         )
-        self.ctx.children.append(self.replica)
+        self.stack.add_child(self.replica)
         self.urls.append(self.replica.url)
         self._event("start late replica" if self.killed_step is None else "restart", step)
 
-    def _held(self) -> int | None:
+    def held(self) -> int | None:
+        """The version the late replica serves (None: not up, or not synced yet)."""
         try:
             return processes.held_version(self.replica.url)
         except httpx.HTTPError:
             return None  # not up yet
 
-    def _served(self) -> int:
-        """Rollout requests the fleet router sent the late replica so far."""
-        pool = self.ctx.fleet
-        return sum(r["served"] for r in pool.snapshot() if r["replica_id"] == LATE) if pool else 0
+    def served(self, urls: list[str] | None = None) -> int:
+        """Rollout requests the fleet router sent the late replica (``urls``: those instances)."""
+        rows = self.stack.pool.snapshot()
+        return sum(
+            r["served"] for r in rows if r["replica_id"] == LATE and r["url"] in (urls or self.urls)
+        )
 
-    def _kill(self, step: int, held: int, during_training: bool = True) -> None:
-        os.killpg(self.replica.proc.pid, signal.SIGKILL)  # a crash: no clean shutdown
-        self.replica.proc.wait()
-        self.killed_step = step
-        self._event("kill (SIGKILL)", step, held_version=held, during_training=during_training)
+    def shares(self) -> dict[str, float]:
+        """Each replica id's share of the rollout requests served so far."""
+        per_id: dict[str, int] = {}
+        for r in self.stack.pool.snapshot():
+            per_id[r["replica_id"]] = per_id.get(r["replica_id"], 0) + r["served"]
+        total = sum(per_id.values())
+        return {rid: n / total for rid, n in per_id.items()} if total else {}
+
+    def plan_complete(self) -> bool:
+        """Killed in training, restarted, the restart served, each replica its share."""
+        if self.killed_step is None or len(self.urls) < 2 or not self.served(self.urls[1:]):
+            return False
+        shares = self.shares()
+        return len(shares) >= 2 and min(shares.values()) >= self.min_share
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
         if self.replica is None and step >= self.late_at:
             self._start(step)
-        elif self.killed_step is None and step >= self.kill_at:
-            held = self._held()
-            if held is not None and self._served() > 0:  # killed while it serves rollouts
-                self._kill(step, held)
-        elif self.killed_step is not None and step == self.killed_step + 2:
+        elif self.killed_step is None and step >= self.kill_at and self.served() > 0:
+            held = self.held()  # killed while it serves rollouts, in training
+            os.killpg(self.replica.proc.pid, signal.SIGKILL)  # a crash: no clean shutdown
+            self.replica.proc.wait()
+            self.killed_step = step
+            self._event("kill (SIGKILL)", step, held_version=held, served=self.served())
+        elif self.killed_step is not None and len(self.urls) == 1 and step >= self.killed_step + 2:
             self._start(step)
-
-    def finish(self, step: int, timeout_s: float) -> None:
-        """After training: complete the phases the run was too short for (on a slow machine the
-        late replica may still be loading at the last step), so every fault happens."""
-        if self.replica is None:
-            self._start(step)
-        deadline = time.monotonic() + timeout_s
-        if self.killed_step is None:
-            while self._held() is None:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"the late replica never synced: {self.replica.tail()}")
-                time.sleep(1)
-            self._kill(step, self._held(), during_training=False)
-        if self.replica.proc.poll() is not None:
-            self._start(step)
+        if step >= self.steps and self.plan_complete():
+            self._event("plan complete, training stops", step, shares=self.shares())
+            control.should_training_stop = True
+        return control
 
 
-def corrupt_one_delta(ctx: RunContext, from_version: int, record: dict) -> None:
+def corrupt_one_delta(ctx: RunStack, from_version: int, record: dict) -> None:
     """Flip a byte of the delta of the first version >= ``from_version`` that also carries an
     anchor, after its upload and before its manifest commit (a damaged object in the bucket)."""
 
@@ -139,45 +162,69 @@ def _pct(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 4)
 
 
-def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: int = 5,
-            runs_root: str = "runs", run_id: str = "e2e", timeout_s: float = 600,
-            **train_overrides) -> dict:  # fmt: skip
+def run_e2e(
+    steps: int = 16,
+    anchor_every: int = 4,
+    late_at: int = 2,
+    kill_at: int = 5,
+    runs_root: str = "runs",
+    run_id: str = "e2e",
+    timeout_s: float = 600,
+    min_share: float = MIN_SHARE,
+    max_steps_factor: int = 5,
+    **train_overrides,
+) -> dict:
     """Run the scenario; returns the report (also written to ``<run_dir>/e2e.json``).
 
-    ``train_overrides`` replace :class:`~trainer.config.TrainConfig` fields (e.g. a smaller warm
-    start or fewer evaluation games for the test).
+    Training runs at least ``steps`` steps and at most ``max_steps_factor * steps``: it stops once
+    every fault has happened in training and each replica served ``min_share`` of the rollout
+    requests (:class:`Faults`). ``train_overrides`` replace :class:`~trainer.config.TrainConfig`
+    fields (e.g. a smaller warm start or fewer evaluation games for the test).
 
     Raises:
         AssertionError: an end condition does not hold (replicas not on the final version, digest
-            mismatch, a fault that did not happen).
+            mismatch, a fault that did not happen while training ran, a replica under its share).
     """
     cfg = TrainConfig(
-        run_id=run_id, runs_root=runs_root, max_steps=steps, anchor_every=anchor_every,
-        num_generations=4, per_device_train_batch_size=8, token_budget=3072,
-        dashboard=True, dashboard_port=processes.free_port(), eval_episodes=16,
-        eval_every=0, fleet_health_interval_s=1.0,
-    )  # fmt: skip
+        run_id=run_id,
+        runs_root=runs_root,
+        max_steps=steps * max_steps_factor,  # the ceiling; Faults ends training
+        anchor_every=anchor_every,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        token_budget=3072,
+        dashboard=True,
+        dashboard_port=processes.free_port(),
+        eval_episodes=16,
+        eval_every=0,
+        fleet_health_interval_s=1.0,
+    )
     for k, v in train_overrides.items():
         setattr(cfg, k, v)
     faults: dict = {}
     corrupted: dict = {}
 
-    def make_faults(ctx):
-        faults["cb"] = Faults(ctx, late_at, kill_at)
+    def make_faults(stack):
+        faults["cb"] = Faults(stack, steps, late_at, kill_at, min_share)
         return faults["cb"]
 
-    def before_stop(ctx: RunContext, summary: dict) -> None:
+    def before_stop(stack: RunStack, summary: dict) -> None:
         final = summary["final_version"]
         cb: Faults = faults["cb"]
-        cb.finish(summary["steps"], timeout_s)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and cb._held() != final:
+        while cb.replica is not None and time.monotonic() < deadline and cb.held() != final:
             time.sleep(1)
         dash = httpx.get(f"http://127.0.0.1:{cfg.dashboard_port}/", timeout=10).status_code
         restarted = cb.urls[1:]  # rollouts the late replica served after its restart
         served = sum(f["served"] for f in summary["fleet"] if f["url"] in restarted)
-        summary["e2e"] = {"faults": cb.events, "corrupted": corrupted, "dashboard_http": dash,
-                          "served_after_restart": served}  # fmt: skip
+        summary["e2e"] = {
+            "faults": cb.events,
+            "corrupted": corrupted,
+            "dashboard_http": dash,
+            "served_after_restart": served,
+            "request_shares": {k: round(v, 3) for k, v in cb.shares().items()},
+            "plan_complete": cb.plan_complete(),
+        }
 
     summary = run(
         cfg,
@@ -185,16 +232,16 @@ def run_e2e(steps: int = 16, anchor_every: int = 4, late_at: int = 2, kill_at: i
         publisher_hook=lambda ctx: corrupt_one_delta(ctx, anchor_every, corrupted),
         before_stop=before_stop,
     )
-    report = _report(cfg, summary)
+    report = _report(cfg, summary, steps, min_share)
     with open(os.path.join(cfg.run_dir, "e2e.json"), "w") as f:
         json.dump(report, f, indent=1)
     return report
 
 
-def _report(cfg: TrainConfig, summary: dict) -> dict:
+def _report(cfg: TrainConfig, summary: dict, steps: int, min_share: float) -> dict:
     from deltasync.store import Store
 
-    store = Store(cfg.store_uri())
+    store = Store(cfg.bucket_uri())
     manifest = Manifest.from_json(store.read_bytes(MANIFEST_PATH))
     beats = read_heartbeats(store)
     deltas = [v for v in manifest.versions if v.delta is not None]
@@ -220,10 +267,10 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
                 (
                     e["step"]
                     for e in summary["e2e"]["faults"]
-                    if e["event"].startswith("kill") and e["during_training"] and rid == LATE
+                    if e["event"].startswith("kill") and rid == LATE
                 ),
                 None,
-            ),  # fmt: skip
+            ),
         }
     final = manifest.latest.version
     for r in replicas.values():
@@ -233,7 +280,8 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
             r["held_version"] == final and manifest.latest.digest == summary["trainer_model_digest"]
         )
     report = {
-        "steps_planned": cfg.max_steps,
+        "steps_planned": steps,
+        "steps_ceiling": cfg.max_steps,
         "steps": summary["steps"],
         "max_request_s": summary["max_request_s"],
         "versions": [v.version for v in manifest.versions],
@@ -259,11 +307,7 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
     for rid, r in replicas.items():
         if r["held_version"] != final:
             problems.append(f"replica {rid} holds v{r['held_version']}, not the final v{final}")
-    if report["steps"] != cfg.max_steps:
-        problems.append(f"training stopped at step {report['steps']} of {cfg.max_steps}")
-    late = replicas.get(LATE, {})
-    if late.get("killed_at_step") is not None and not late.get("requests_served"):
-        problems.append(f"{LATE} was killed in training without having served a rollout")
+    problems += _fault_problems(report, steps, min_share)
     if not report["corrupted"]:
         problems.append("no delta was corrupted (no anchor+delta version after the threshold)")
     elif not any(r["errors"] for r in replicas.values()):
@@ -273,12 +317,37 @@ def _report(cfg: TrainConfig, summary: dict) -> dict:
     return report
 
 
+def _fault_problems(report: dict, steps: int, min_share: float) -> list[str]:
+    """What of the fault plan did not happen while training ran (empty: all of it)."""
+    events = [e["event"] for e in report["faults"]]
+    problems = []
+    if report["steps"] < steps:
+        problems.append(f"training stopped at step {report['steps']}, before the planned {steps}")
+    if "kill (SIGKILL)" not in events:
+        problems.append(
+            f"{LATE} was never killed: it served no rollout by step {report['steps']} (the ceiling)"
+        )
+    elif "restart" not in events:
+        problems.append(f"{LATE} was killed but not restarted while training ran")
+    elif not report["served_after_restart"]:
+        problems.append(f"the restarted {LATE} served no rollout before training ended")
+    shares = report["request_shares"]
+    for rid in report["replicas"]:
+        if shares.get(rid, 0.0) < min_share:
+            problems.append(
+                f"replica {rid} served {shares.get(rid, 0.0):.0%} of the rollout requests, "
+                f"expected at least {min_share:.0%}"
+            )
+    return problems
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m trainer.local.e2eNone", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m trainer.local.e2e", description=__doc__)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--anchor-every", type=int, default=4)
     p.add_argument("--late-at", type=int, default=2)
     p.add_argument("--kill-at", type=int, default=5)
+    p.add_argument("--min-share", type=float, default=MIN_SHARE)
     p.add_argument("--runs-root", default="runs")
     p.add_argument("--run-id", default="e2e")
     a = p.parse_args()
@@ -286,7 +355,9 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     processes.quiet_libraries()
-    report = run_e2e(a.steps, a.anchor_every, a.late_at, a.kill_at, a.runs_root, a.run_id)
+    report = run_e2e(
+        a.steps, a.anchor_every, a.late_at, a.kill_at, a.runs_root, a.run_id, min_share=a.min_share
+    )
     print(json.dumps(report, indent=1))
 
 

@@ -99,9 +99,13 @@ def _spawn(name: str, args: list[str], cwd: str, env: dict, log_dir: str, port: 
     env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH")) if p)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [sys.executable, *args],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stop() also reaches grandchildren
-        )  # fmt: skip
+        )
     log.info("started %s (pid %d, log %s)", name, proc.pid, log_path)
     return Child(name, proc, f"http://127.0.0.1:{port}", log_path)
 
@@ -156,15 +160,22 @@ def log_to_file(path: str) -> logging.Handler:
 
 
 def start_replica(
-    store_uri: str, model: str, log_dir: str, replica_id: str = "local-0", extra_env=None
+    bucket: str, model: str, log_dir: str, replica_id: str = "local-0", extra_env=None
 ) -> Child:
-    """A vLLM rollout replica following ``store_uri`` (not waited for); ``extra_env`` adds or
+    """A vLLM rollout replica following the run root ``bucket`` (a URI; not waited for); ``extra_env`` adds or
     overrides its environment variables (see spaces/vllm-rollout/rollout/config.py)."""
     port = free_port()
     env = {
-        "DELTASYNC_STORE": store_uri, "MODEL": model, "PORT": str(port), "HOST": "127.0.0.1",
-        "VLLM_PORT": str(free_port()), "REPLICA_ID": replica_id, "POLL_INTERVAL_S": "0.5",
-        "MAX_MODEL_LEN": "2048", "HF_HUB_OFFLINE": "1", "HEARTBEAT_INTERVAL_S": "2",
+        "BUCKET": bucket,
+        "MODEL": model,
+        "PORT": str(port),
+        "HOST": "127.0.0.1",
+        "VLLM_PORT": str(free_port()),
+        "REPLICA_ID": replica_id,
+        "POLL_INTERVAL_S": "0.5",
+        "MAX_MODEL_LEN": "2048",
+        "HF_HUB_OFFLINE": "1",
+        "HEARTBEAT_INTERVAL_S": "2",
         # --enforce-eager skips a ~50 s compile step on the CPU build. One process for the engine
         # and its worker: with the default multiprocess executor the idle worker spins on its
         # message queue for 1 s after every step (shm_broadcast busy_loop_s), which took most of a
@@ -174,15 +185,15 @@ def start_replica(
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "ROLLOUT_PUBLIC_URL": f"http://127.0.0.1:{port}",  # announced: the trainer's fleet joins it
         **(extra_env or {}),
-    }  # fmt: skip
+    }
     return _spawn(
         f"replica-{replica_id}", ["-m", "rollout.launch"], ROLLOUT_DIR, env, log_dir, port
     )
 
 
-def start_dashboard(store_uri: str, port: int, log_dir: str) -> Child:
+def start_dashboard(bucket: str, port: int, log_dir: str) -> Child:
     """The sync-lag dashboard (``python -m dashboard``) on ``port`` (not waited for)."""
-    args = ["-m", "dashboard", "--bucket", store_uri, "--port", str(port)]
+    args = ["-m", "dashboard", "--bucket", bucket, "--port", str(port)]
     child = _spawn("dashboard", args, REPO, {}, log_dir, port)
     child.health_path = "/"
     return child

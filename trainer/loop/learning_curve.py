@@ -11,11 +11,126 @@ per-seed difference removes the words' own difficulty from the standard error.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
+import time
 from collections.abc import Callable
 
 from transformers import TrainerCallback
+
+from trainer.config import TrainConfig
+from trainer.loop.grpo import wait_for_version
+from trainer.task.evaluate import check_context, evaluate
+from trainer.task.wordle_task import eval_seeds
+
+log = logging.getLogger("trainer")
+
+# the summary's per-evaluation figures, in the order they are listed
+CURVE_FIELDS = (
+    "reward_mean",
+    "reward_se",
+    "win_rate",
+    "consistent_rate",
+    "invalid_rate",
+    "episodes",
+)
+
+
+class HeldOutEvals:
+    """The run's held-out evaluations, all through the replica fleet: ``before`` (once the
+    replica serves the first version), a learning-curve point every ``cfg.eval_every`` steps, and
+    ``after`` (once it serves the final version). Each block is kept in :attr:`blocks` (label ->
+    ``trainer.task.evaluate.summarize`` block with ``per_seed``) and recorded in the bucket
+    metrics (``metrics_cb.add_eval``).
+
+    Args:
+        cfg: the run config (``eval_episodes``, ``eval_curve_episodes``, ``eval_temperature``,
+            ``max_completion_length``).
+        stack: the :class:`~trainer.stack.RunStack` (the router URL, the Wordle server, the
+            publisher, the fleet's served version).
+        metrics_cb: the run's ``BucketMetricsCallback``.
+    """
+
+    def __init__(self, cfg: TrainConfig, stack, metrics_cb):
+        self.cfg, self.stack, self.metrics_cb = cfg, stack, metrics_cb
+        self.blocks: dict[str, dict] = {}
+
+    def play(self, label: str, step: int, version: int | None, games: int) -> None:
+        """Play ``games`` held-out games (the first ``games`` evaluation seeds) and record them."""
+        if games <= 0:
+            return
+        t0 = time.time()
+        cfg, stack = self.cfg, self.stack
+        block = evaluate(
+            stack.replica_url,
+            stack.model_path,
+            stack.env_url,
+            eval_seeds(count=games),
+            cfg.max_completion_length,
+            cfg.eval_temperature,
+            per_seed=True,
+        )
+        self.blocks[label] = block
+        self.metrics_cb.add_eval(label, step, version, block)
+        log.info("eval %s (v%s, %.0fs): %s", label, version, time.time() - t0, fmt_eval(block))
+
+    def before(self, version: int) -> None:
+        """Once a replica serves the first version: the context check, then the evaluation."""
+        worst = check_context(
+            self.stack.replica_url, self.stack.model_path, self.cfg.max_completion_length
+        )
+        log.info("a full episode fits the replica's context (at most %d tokens)", worst)
+        self.play("before", 0, version, self.cfg.eval_episodes)
+
+    def curve_point(self, step: int) -> None:
+        """A learning-curve point: the held-out games on the newest published version."""
+        self._play_newest(f"step-{step}", step, self.cfg.eval_curve_episodes)
+
+    def after(self, step: int) -> None:
+        """The final evaluation, on the final version, paired with ``before``."""
+        self._play_newest("after", step, self.cfg.eval_episodes)
+
+    def _play_newest(self, label: str, step: int, games: int) -> None:
+        version = self.stack.publisher.published[-1].version
+        wait_for_version(self.stack.replica_version, version, timeout_s=300)
+        self.play(label, step, version, games)
+
+    def curve(self) -> list[dict]:
+        """One row per evaluation, in order, each with its paired difference from the first
+        evaluation on the seeds they share (a curve point plays the first
+        ``eval_curve_episodes``)."""
+        before = self.blocks.get("before")
+        rows = []
+        for label, block in self.blocks.items():
+            row = {"label": label, **{m: block[m] for m in CURVE_FIELDS if m in block}}
+            if before is not None and label != "before" and len(block["per_seed"]) > 1:
+                n = len(block["per_seed"])
+                row["vs_before"] = paired_difference(before["per_seed"][:n], block["per_seed"])
+            rows.append(row)
+        return rows
+
+    def paired(self) -> dict | None:
+        """The paired comparison of the first and the last evaluation (same seeds)."""
+        before, after = self.blocks.get("before"), self.blocks.get("after")
+        if not before or not after:
+            return None
+        return paired_difference(before["per_seed"], after["per_seed"])
+
+    def summary_block(self, label: str) -> dict | None:
+        """The ``label`` evaluation without its per-seed rewards (for the summary)."""
+        block = self.blocks.get(label)
+        return None if block is None else {k: v for k, v in block.items() if k != "per_seed"}
+
+
+def fmt_eval(b: dict) -> str:
+    """One log line's worth of an evaluation block."""
+    return (
+        f"reward {b['reward_mean']:.3f}+-{b['reward_se']:.3f} win {b['win_rate']:.2f} "
+        f"consistent {b['consistent_rate']:.2f} "
+        f"wellformed {b['wellformed_rate']:.2f} valid {b['valid_guess_rate']:.2f} "
+        f"guesses {b['guesses_mean']:.2f} bad-end {b['bad_end_rate']:.2f}"
+    )
 
 
 class EvalEvery(TrainerCallback):

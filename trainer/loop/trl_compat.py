@@ -51,9 +51,18 @@ class _CpuFlashAttn:
 
     @staticmethod
     def flash_attn_varlen_func(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        softmax_scale=None, causal=True, window_size=(-1, -1), **_unused,
-    ):  # fmt: skip
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale=None,
+        causal=True,
+        window_size=(-1, -1),
+        **_unused,
+    ):
         """q: (total_q, H, D), k/v: (total_k, Hkv, D); segments given by cumulative lengths.
         Causal masks align bottom-right (flash-attn convention when q is shorter than k).
         Returns (total_q, H, D)."""

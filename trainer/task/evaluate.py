@@ -112,9 +112,13 @@ def check_context(replica_url: str, tokenizer_path: str, max_tokens: int, header
             {"role": "tool", "name": "guess", "content": longest_reply},
         ]
     ids = tokenizer.apply_chat_template(
-        messages, tools=[guess_tool()], tokenize=True, return_dict=False,
-        chat_template=_chat_template(tokenizer), enable_thinking=False,
-    )  # fmt: skip
+        messages,
+        tools=[guess_tool()],
+        tokenize=True,
+        return_dict=False,
+        chat_template=_chat_template(tokenizer),
+        enable_thinking=False,
+    )
     worst = len(ids) + MAX_TURNS * max_tokens  # as if every turn also ran to its cap
     r = httpx.get(f"{replica_url}/v1/models", headers=headers, timeout=30)
     limit = (r.json().get("data") or [{}])[0].get("max_model_len") if r.status_code == 200 else None
@@ -170,13 +174,22 @@ def play_episode(
         del reset
         while turns < MAX_TURNS:
             ids = tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                return_dict=False, chat_template=chat_template, enable_thinking=False,
-            )  # fmt: skip
+                messages,
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                chat_template=chat_template,
+                enable_thinking=False,
+            )
             payload = {
-                "model": model_name, "prompt": ids, "max_tokens": max_tokens,
-                "temperature": temperature, "return_token_ids": True, "seed": seed * 16 + turns,
-            }  # fmt: skip
+                "model": model_name,
+                "prompt": ids,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "return_token_ids": True,
+                "seed": seed * 16 + turns,
+            }
             r = http.post(f"{replica_url}/v1/completions", json=payload)
             if r.status_code != 200:
                 raise EvalError(f"replica answered {r.status_code}: {r.text[:200]}")

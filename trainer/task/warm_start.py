@@ -336,6 +336,10 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
     os.replace(tmp, path)
     log.info(
         "warm start: %d SFT steps in %.0fs (%.0f tok/s), loss %.3f -> %s",
-        figures["steps"], figures["train_s"], figures["tok_s"], figures["loss_last"], path,
-    )  # fmt: skip
+        figures["steps"],
+        figures["train_s"],
+        figures["tok_s"],
+        figures["loss_last"],
+        path,
+    )
     return path, figures["build_s"]

@@ -59,13 +59,13 @@ class BucketReader(FramesFromHistory):
     """Polls one run's bucket cheaply and keeps what it saw.
 
     Args:
-        uri: the run root: a folder, ``file://``, ``memory://``, ``hf://buckets/...``, ``s3://``.
+        bucket: the run root: a folder, ``file://``, ``memory://``, ``hf://buckets/...``, ``s3://``.
         stalled_after_s: a replica whose heartbeat is older than this (seconds) is flagged
             STALLED (at least 150 on remote stores, where idle heartbeats are 60 s apart).
         history: most versions, syncs per replica, heartbeat samples per replica and trainer steps
             kept for the plots.
         retries: attempts per storage call (kept low: the next poll retries anyway).
-        store: an already opened Store for ``uri`` (tests); default: opened on the first poll.
+        store: an already opened Store for ``bucket`` (tests); default: opened on the first poll.
         min_interval_s: shortest seconds between two reads of the bucket (right after a
             change); default 0 on a local folder or ``memory://``, 5 elsewhere.
         max_interval_s: longest seconds between reads while nothing changes (doubling from
@@ -80,7 +80,7 @@ class BucketReader(FramesFromHistory):
 
     def __init__(
         self,
-        uri: str,
+        bucket: str,
         stalled_after_s: float = 30.0,
         history: int = 2000,
         retries: int = 2,
@@ -91,13 +91,13 @@ class BucketReader(FramesFromHistory):
         heartbeat_every_s: float | None = None,
         clock=time.monotonic,
     ):
-        if not uri:
+        if not bucket:
             raise ValueError("expected a bucket URI (a folder, file://, memory://, hf://, s3://)")
         if stalled_after_s <= 0 or history < 1:
             raise ValueError(
                 f"expected stalled_after_s > 0 and history >= 1, found {stalled_after_s}, {history}"
             )
-        self.uri = uri
+        self.bucket = bucket
         self.stalled_after_s = stalled_after_s
         self.history = history
         self.retries = retries
@@ -105,7 +105,7 @@ class BucketReader(FramesFromHistory):
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[str, object]] = {}  # path -> (read tag, parsed object)
         self._stats = ReadStats()
-        resolved = resolve_uri(uri)
+        resolved = resolve_uri(bucket)
         remote = not resolved.startswith(("file://", "memory://"))
         self.min_interval_s = (
             min_interval_s if min_interval_s is not None else (5.0 if remote else 0.0)
@@ -163,8 +163,8 @@ class BucketReader(FramesFromHistory):
             try:
                 problem = self._poll(warnings)
             except (StoreError, OSError) as e:  # shown in the UI on purpose: the next poll retries
-                log.warning("dashboard: cannot read %s: %s", self.uri, e)
-                detail = f"cannot read `{self.uri}`: {e}"
+                log.warning("dashboard: cannot read %s: %s", self.bucket, e)
+                detail = f"cannot read `{self.bucket}`: {e}"
                 if isinstance(e, StoreAccessError):
                     problem = Problem(ProblemKind.ACCESS_REFUSED, detail, summary=e.summary)
                 else:
@@ -184,7 +184,7 @@ class BucketReader(FramesFromHistory):
                 )
             latest = m.latest if m else None
             return Snapshot(
-                uri=self.uri,
+                bucket=self.bucket,
                 state=state,
                 message=message,
                 public=public,
@@ -206,22 +206,22 @@ class BucketReader(FramesFromHistory):
         Raises:
             StoreError: the URI is not a usable store URI.
         """
-        uri = resolve_uri(self.uri)
-        if uri.startswith("file://"):
-            path = uri[len("file://") :]
+        resolved = resolve_uri(self.bucket)
+        if resolved.startswith("file://"):
+            path = resolved[len("file://") :]
             if os.path.exists(path) and not os.path.isdir(path):
                 detail = (
-                    f"cannot read `{self.uri}`: it is a file, not a folder: pass the run's root "
+                    f"cannot read `{self.bucket}`: it is a file, not a folder: pass the run's root "
                     "folder"
                 )
                 log.warning("dashboard: %s", detail)
                 return None, Problem(ProblemKind.ROOT_NOT_A_FOLDER, detail)
             if self._store is None and not os.path.exists(path):
-                detail = f"`{uri}` does not exist yet: waiting for the first version"
+                detail = f"`{resolved}` does not exist yet: waiting for the first version"
                 return None, Problem(ProblemKind.NOT_PUBLISHED, detail)
         if self._store is None:
             try:
-                self._store = Store(uri, retries=self.retries, backoff_s=0.2, create=False)
+                self._store = Store(resolved, retries=self.retries, backoff_s=0.2, create=False)
             except ValueError as e:  # bad URI (e.g. hf:// not a bucket, unknown protocol)
                 raise StoreError(f"not a usable store URI: {e}") from e
         return self._store, None
@@ -271,13 +271,13 @@ class BucketReader(FramesFromHistory):
             manifest = self._read_cached(store, MANIFEST_PATH, Manifest.from_json)
         except ValueError as e:  # half-written or damaged: recovered by waiting for a good one
             first = _why(e)
-            log.warning("dashboard: %s/%s does not parse: %s", self.uri, MANIFEST_PATH, first)
+            log.warning("dashboard: %s/%s does not parse: %s", self.bucket, MANIFEST_PATH, first)
             if self._manifest is not None:
                 detail = f"{MANIFEST_PATH} does not parse ({first}); showing the last good one"
                 warnings.append(Problem(ProblemKind.FILE_SKIPPED, detail))
                 return None
             detail = (
-                f"`{self.uri}/{MANIFEST_PATH}` is not a valid manifest ({first}): waiting for a "
+                f"`{self.bucket}/{MANIFEST_PATH}` is not a valid manifest ({first}): waiting for a "
                 "valid one; if this persists the file is damaged"
             )
             return Problem(ProblemKind.INVALID_MANIFEST, detail)
@@ -293,13 +293,13 @@ class BucketReader(FramesFromHistory):
                 if payloads
                 else f"no {MANIFEST_PATH} yet"
             )
-            detail = f"`{self.uri}`: {detail}; waiting for the first version"
+            detail = f"`{self.bucket}`: {detail}; waiting for the first version"
             return Problem(ProblemKind.NOT_PUBLISHED, detail)
         if manifest.run_id != self._run_id:
             if self._run_id is not None:
                 log.info(
                     "dashboard: %s now holds run %s (was %s)",
-                    self.uri,
+                    self.bucket,
                     manifest.run_id,
                     self._run_id,
                 )
@@ -309,14 +309,14 @@ class BucketReader(FramesFromHistory):
             self._versions[v.version] = v
         _trim(self._versions, self.history)
         if not manifest.versions:
-            detail = f"`{self.uri}`: run {manifest.run_id} has no version yet"
+            detail = f"`{self.bucket}`: run {manifest.run_id} has no version yet"
             return Problem(ProblemKind.NOT_PUBLISHED, detail)
         return None
 
     def _ok_message(self) -> str:
         m = self._manifest
         n = len(m.versions) if m else 0
-        return f"`{self.uri}`: {n} version(s) in the manifest"
+        return f"`{self.bucket}`: {n} version(s) in the manifest"
 
     def _ls(self, store: Store, prefix: str) -> list[str]:
         """Relative paths of the objects under ``prefix`` ([] if none); one listing request."""
@@ -333,7 +333,7 @@ class BucketReader(FramesFromHistory):
         """Log and add to ``warnings`` that the object at ``path`` does not parse and is skipped
         (``replica_id``: it is that replica's heartbeat)."""
         first = _why(error)
-        log.warning("dashboard: skipping %s/%s: %s", self.uri, path, first)
+        log.warning("dashboard: skipping %s/%s: %s", self.bucket, path, first)
         detail = f"{path} does not parse ({first}); skipped"
         if replica_id is None:
             warnings.append(Problem(ProblemKind.FILE_SKIPPED, detail))

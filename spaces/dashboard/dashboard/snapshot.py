@@ -30,7 +30,7 @@ class Snapshot:
     """What the dashboard shows after one poll of the bucket.
 
     Attributes:
-        uri: the bucket URI as given.
+        bucket: the run root's URI as given.
         state: "waiting" (no version yet, or an invalid manifest), "ok", or "error" (the run root
             cannot be read).
         message: one line for the operator (logs): what the state means, with the URI and the
@@ -48,7 +48,7 @@ class Snapshot:
         stats: what this poll read.
     """
 
-    uri: str
+    bucket: str
     state: Literal["waiting", "ok", "error"]
     message: str
     read_at: float

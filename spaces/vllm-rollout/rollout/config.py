@@ -2,7 +2,7 @@
 
 | variable                  | field                     | default                          |
 |---------------------------|---------------------------|----------------------------------|
-| ``DELTASYNC_STORE``/``BUCKET`` | ``store_uri``        | (required)                       |
+| ``BUCKET``                | ``bucket``                | (required)                       |
 | ``MODEL``                 | ``model``                 | (required)                       |
 | ``REPLICA_ID``            | ``replica_id``            | ``SPACE_ID`` or the host name    |
 | ``CONTROL_TOKEN``         | ``control_token``         | none: control routes refuse all  |
@@ -34,14 +34,18 @@ on 127.0.0.1 only, on ``VLLM_PORT``, under the name in ``served_model_name``.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import socket
 import typing
+import warnings
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 
 from .stage import default_stage_dir
+
+log = logging.getLogger("rollout.config")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -72,7 +76,7 @@ class RolloutConfig:
     """Settings of one replica (the vLLM server, its sync loop and the public front).
 
     Attributes:
-        store_uri: the run's bucket URI (``hf://buckets/<owner>/<name>/<prefix>``, ``s3://``,
+        bucket: the run's bucket URI (``hf://buckets/<owner>/<name>/<prefix>``, ``s3://``,
             ``file://`` or a local folder).
         model: the model vLLM loads at start-up (hub id or local folder); the bucket's anchor
             then replaces its weights, so only the architecture must match.
@@ -102,7 +106,7 @@ class RolloutConfig:
             announced (the trainer then needs its URL in ``VLLM_URL``).
     """
 
-    store_uri: str = field(metadata={"env": ("DELTASYNC_STORE", "BUCKET")})
+    bucket: str = field(metadata={"env": "BUCKET"})
     model: str = field(metadata={"env": "MODEL"})
     replica_id: str = field(
         default_factory=lambda: socket.gethostname(), metadata={"env": "REPLICA_ID"}
@@ -128,8 +132,8 @@ class RolloutConfig:
     public_url: str | None = field(default=None, metadata={"env": "ROLLOUT_PUBLIC_URL"})
 
     def __post_init__(self):
-        if not self.store_uri:
-            raise ConfigError("expected a bucket URI in DELTASYNC_STORE (or BUCKET), found none")
+        if not self.bucket:
+            raise ConfigError("expected the run's bucket URI in BUCKET, found none")
         if not self.model:
             raise ConfigError("expected MODEL (a hub id or a local folder), found none")
         if not self.replica_id or "/" in self.replica_id:
@@ -168,7 +172,7 @@ class RolloutConfig:
             ConfigError: a required variable is missing or a value does not parse.
         """
         env = os.environ if env is None else env
-        kw = _read_env(env)
+        kw = _read_env(_without_deprecated(env))
         if "replica_id" not in kw and env.get("SPACE_ID"):  # on a Space: its id, '/' -> '--'
             kw["replica_id"] = env["SPACE_ID"].replace("/", "--")
         if "public_url" not in kw and env.get("SPACE_HOST"):
@@ -176,6 +180,32 @@ class RolloutConfig:
         if kw.get("public_url"):
             kw["public_url"] = kw["public_url"].rstrip("/") or None
         return cls(**kw)
+
+
+# The variable that named the run's bucket before BUCKET; read, with a warning, for one release.
+DEPRECATED_BUCKET_VAR = "DELTASYNC_STORE"
+
+
+def _without_deprecated(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with a set ``DELTASYNC_STORE`` moved to ``BUCKET`` (a ``DeprecationWarning`` and a
+    log line say so).
+
+    Raises:
+        ConfigError: both are set, to different values.
+    """
+    old = env.get(DEPRECATED_BUCKET_VAR, "").strip()
+    if not old:
+        return env
+    new = env.get("BUCKET", "").strip()
+    if new and new != old:
+        raise ConfigError(
+            f"expected one bucket, found BUCKET={new!r} and {DEPRECATED_BUCKET_VAR}={old!r}; "
+            f"unset {DEPRECATED_BUCKET_VAR} (BUCKET replaces it)"
+        )
+    message = f"{DEPRECATED_BUCKET_VAR} is deprecated and will be removed: set BUCKET instead"
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    log.warning(message)
+    return {**env, "BUCKET": old}
 
 
 def _flag(raw: str) -> bool:

@@ -200,7 +200,7 @@ def main() -> None:
         wait_healthy(cfg.vllm_url, proc, cfg.startup_timeout_s)
         engine = VLLMControl(cfg.vllm_url)
         loop = SyncLoop(
-            cfg.store_uri,
+            cfg.bucket,
             engine,
             cfg.replica_id,
             cfg.poll_interval_s,

