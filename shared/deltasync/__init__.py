@@ -2,10 +2,12 @@
 
 Light by design: importing ``deltasync`` imports neither torch nor vLLM. Import the parts you need:
 ``deltasync.publisher.DeltaPublisher`` (trainer), ``deltasync.subscriber.DeltaSubscriber``
-(replicas), ``deltasync.store.Store``, ``deltasync.manifest.Manifest``, ``deltasync.codec``.
+(replicas), ``deltasync.store.Store``, ``deltasync.manifest.Manifest``, ``deltasync.codec``,
+``deltasync.adapter`` (LoRA adapter runs).
 """
 
 from .errors import (
+    AdapterMismatchError,
     BaseVersionMismatch,
     ConcurrentWriterError,
     DeltaCorruptError,
@@ -15,10 +17,12 @@ from .errors import (
     StoreAuthError,
     StoreError,
     StoreNotFoundError,
+    WrongBaseModelError,
 )
 
 __version__ = "0.1.0"
 __all__ = [
+    "AdapterMismatchError",
     "BaseVersionMismatch",
     "ConcurrentWriterError",
     "DeltaCorruptError",
@@ -28,4 +32,5 @@ __all__ = [
     "StoreAuthError",
     "StoreError",
     "StoreNotFoundError",
+    "WrongBaseModelError",
 ]

@@ -25,6 +25,7 @@ from .lease import LeaseKeeper
 from .manifest import (
     MANIFEST_PATH,
     WRITER_PATH,
+    AdapterInfo,
     FileRef,
     Manifest,
     ModelFingerprint,
@@ -199,12 +200,14 @@ def commit_manifest(
     mine: Manifest | None,
     model: ModelFingerprint,
     keep_anchors: int,
+    adapter: AdapterInfo | None = None,
 ) -> tuple[Manifest, list[VersionEntry]]:
     """Commit ``entry``: the bucket's manifest with it appended and retention applied, written
     in one batch with the lease when due (the manifest last).
 
     Args:
         mine: the manifest this writer committed last (None before its first).
+        adapter: the run's adapter, recorded in the manifest (None: a full-weight run).
 
     Returns:
         (the committed manifest, the versions retention dropped: their files can go now).
@@ -228,6 +231,7 @@ def commit_manifest(
         run_id=lease.run_id,
         writer_id=lease.writer_id,
         model=model,
+        adapter=adapter,
         versions=kept,
         updated_at=time.time(),
     )

@@ -20,6 +20,17 @@ class ModelMismatchError(DeltaSyncError):
     """Tensor names, shapes or dtypes differ from the run's model fingerprint."""
 
 
+class AdapterMismatchError(DeltaSyncError):
+    """A run's adapter (``Manifest.adapter``: kind, PEFT config, base model digest) is not the one
+    expected: a publisher resuming a run with another adapter (or a full-weight publisher on an
+    adapter run, or the reverse), or a reader that expects the other kind of run."""
+
+
+class WrongBaseModelError(DeltaSyncError):
+    """The adapter was trained on another base model than the one the replica serves (their
+    base digests differ, ``deltasync.adapter.check_base``)."""
+
+
 class ManifestError(DeltaSyncError):
     """The bucket's manifest is missing, unparsable or inconsistent."""
 

@@ -10,10 +10,17 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import xxhash
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 SCHEMA = "deltasync.manifest/1"
 MANIFEST_PATH = "manifest.json"
@@ -82,6 +89,63 @@ class ModelFingerprint(_Strict):
             f"(name, expected, found) {wrong[:3]}; publish the same architecture or start a new "
             "run elsewhere"
         )
+
+
+# adapter_config.json keys that name the base rather than shape the adapter: a resumed run may
+# differ in them (another path to the same base); ``AdapterInfo.base_digest`` identifies the base
+INFORMATIONAL_PEFT_KEYS = ("base_model_name_or_path", "revision")
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` as JSON would give it back: sets become sorted lists, tuples lists."""
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        return sorted(_json_value(v) for v in value)
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    return value
+
+
+class AdapterInfo(_Strict):
+    """The adapter an adapter run publishes (``Manifest.adapter``): its tensors are PEFT's
+    ``adapter_model.safetensors`` keys; the base model's weights are not in the bucket.
+
+    Attributes:
+        kind: ``"lora"`` (the only kind so far).
+        peft_config: the JSON PEFT writes to ``adapter_config.json`` (``r``, ``lora_alpha``,
+            ``target_modules``, ...); sets are stored as sorted lists. Must hold ``r`` (int >= 1),
+            ``lora_alpha`` (a number) and ``target_modules`` (a list of names or a regex).
+        base_model: the base's name as the trainer loaded it (informational).
+        base_digest: ``deltasync.adapter.base_digest_of`` the base model's weights (16 hex).
+    """
+
+    kind: Literal["lora"]
+    peft_config: dict[str, Any]
+    base_model: str
+    base_digest: str
+
+    @field_validator("peft_config")
+    @classmethod
+    def _lora_config(cls, cfg: dict[str, Any]) -> dict[str, Any]:
+        cfg = _json_value(cfg)
+        r, alpha, targets = cfg.get("r"), cfg.get("lora_alpha"), cfg.get("target_modules")
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ValueError(f"peft_config['r'] must be an int >= 1, found {r!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+            raise ValueError(f"peft_config['lora_alpha'] must be a number, found {alpha!r}")
+        if not (isinstance(targets, str) or (isinstance(targets, list) and targets)):
+            raise ValueError(
+                f"peft_config['target_modules'] must be module names or a regex, found "
+                f"{targets!r}; pass the LoraConfig's to_dict() after get_peft_model"
+            )
+        return cfg
+
+    def identity(self) -> tuple:
+        """What must match for a run to go on with this adapter: kind, base digest, and the
+        PEFT config without ``INFORMATIONAL_PEFT_KEYS``."""
+        cfg = {k: v for k, v in self.peft_config.items() if k not in INFORMATIONAL_PEFT_KEYS}
+        return self.kind, self.base_digest, json.dumps(cfg, sort_keys=True)
 
 
 class FileRef(_Strict):
@@ -168,10 +232,19 @@ class Manifest(_Strict):
     run_id: str
     writer_id: str
     model: ModelFingerprint
+    adapter: AdapterInfo | None = None  # set in every manifest of an adapter run
     versions: list[VersionEntry]  # ascending by version
     updated_at: float = Field(default_factory=time.time)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_serializer(mode="wrap")
+    def _omit_no_adapter(self, handler) -> dict[str, Any]:
+        """A full-weight manifest has no ``adapter`` key at all (its JSON is unchanged)."""
+        data = handler(self)
+        if data.get("adapter", 0) is None:
+            del data["adapter"]
+        return data
 
     @model_validator(mode="after")
     def _ascending(self) -> Manifest:

@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from . import codec
+from .adapter import check_adapter, check_adapter_names
 from .bucket_writer import PayloadWriter, commit_manifest, read_manifest
 from .encoder import ChangeEncoder
 from .errors import ManifestError, ModelMismatchError
 from .lease import LeaseKeeper
 from .manifest import (
+    AdapterInfo,
     ModelFingerprint,
     VersionEntry,
     model_digest,
@@ -66,6 +68,8 @@ class DeltaPublisher:
         store: a Store or URI (see ``deltasync.store``); the run lives at its root.
         run_id: a name for the run; default: the existing manifest's, else a new uuid.
         config: :class:`PublisherConfig`.
+        adapter: for an adapter run (``deltasync.adapter``), the adapter recorded in every
+            manifest; the tensors published are then PEFT adapter keys. None: full weights.
 
     Attributes:
         before_commit: None, or a function called with each version's ``VersionEntry`` after its
@@ -76,9 +80,16 @@ class DeltaPublisher:
     Raises:
         ConcurrentWriterError: another trainer holds a fresh writer lease on this run.
         ManifestError: the existing manifest is unreadable, or belongs to another ``run_id``.
+        AdapterMismatchError: the existing run has another adapter (or is of the other kind).
     """
 
-    def __init__(self, store: Store | str, run_id: str | None = None, config=None):
+    def __init__(
+        self,
+        store: Store | str,
+        run_id: str | None = None,
+        config=None,
+        adapter: AdapterInfo | None = None,
+    ):
         self.store = open_store(store)
         self.config = config or PublisherConfig()
         self.writer_id = uuid.uuid4().hex[:12]
@@ -89,6 +100,9 @@ class DeltaPublisher:
                 f"{self.store.uri} holds run {self.manifest.run_id!r}, not {run_id!r}: "
                 "use another bucket prefix for a new run, or pass the same run_id to continue"
             )
+        if self.manifest:
+            check_adapter(self.manifest.adapter, adapter, f"run {self.manifest.run_id!r}")
+        self.adapter = adapter
         self.run_id = run_id or (self.manifest.run_id if self.manifest else uuid.uuid4().hex[:12])
         self.lease = LeaseKeeper(
             self.store, self.run_id, self.writer_id, self.config.lease_s, self.config.takeover
@@ -214,6 +228,8 @@ class DeltaPublisher:
                 )
         if not shapes:
             raise ModelMismatchError("publish() got no tensors; pass model.named_parameters()")
+        if self.adapter is not None:
+            check_adapter_names(shapes)
         fp = self._fingerprint or (self.manifest.model if self.manifest else None)
         if fp is not None:
             fp.check(shapes, f"run {self.run_id!r} in {self.store.uri}")
@@ -398,6 +414,7 @@ class DeltaPublisher:
             self.manifest,
             self._fingerprint,
             self.config.keep_anchors,
+            self.adapter,
         )
         # garbage-collect only after the manifest that drops them is committed: with the next
         # payload batch (no extra request), or on close

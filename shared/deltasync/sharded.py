@@ -58,13 +58,21 @@ class ShardedPublisher:
         store, run_id, config: as for :class:`DeltaPublisher` (used on rank 0 only; the
             config's ``diff_on`` also picks where each rank diffs its shards).
         group: the ``torch.distributed`` process group (default: the world).
+        adapter: must be None: adapter runs publish from one process (``DeltaPublisher``).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
+        ValueError: an ``adapter`` was given.
         The errors of :class:`DeltaPublisher` (on rank 0).
     """
 
-    def __init__(self, store, run_id: str | None = None, config=None, group=None):
+    def __init__(self, store, run_id: str | None = None, config=None, group=None, adapter=None):
+        if adapter is not None:
+            raise ValueError(
+                "ShardedPublisher publishes full weights only, found an adapter; publish a LoRA "
+                "adapter from rank 0 with DeltaPublisher(store, adapter=...) (the adapter's "
+                "tensors are small enough to gather)"
+            )
         import torch.distributed as dist
 
         if not dist.is_initialized():

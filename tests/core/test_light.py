@@ -1,5 +1,5 @@
-"""deltasync stays light: the manifest, store and status layers import no torch, and no core
-module imports vLLM (checked in a fresh interpreter)."""
+"""deltasync stays light: the manifest, store, status and adapter layers import no torch, and no
+core module imports vLLM (checked in a fresh interpreter)."""
 
 import subprocess
 import sys
@@ -15,7 +15,12 @@ def _loaded(modules: str) -> set[str]:
 
 
 def test_manifest_store_status_import_no_torch():
-    assert _loaded("deltasync, deltasync.manifest, deltasync.store, deltasync.status") == set()
+    assert (
+        _loaded(
+            "deltasync, deltasync.manifest, deltasync.store, deltasync.status, deltasync.adapter"
+        )
+        == set()
+    )
 
 
 def test_codec_publisher_subscriber_import_no_vllm():
