@@ -32,6 +32,8 @@ def _sample(f: Field) -> tuple[str, object]:
     kind = _base(HINTS[f.name])
     if f.name == "apply_path":  # the one string with fixed choices
         return "reload", "reload"
+    if f.name == "adapter":  # fixed choices too
+        return "lora", "lora"
     if kind is bool:
         return str(not f.default).lower(), not f.default
     if kind in (int, float):

@@ -95,6 +95,7 @@ class FakeLoop:
     dirty = False
     ready = True
     status = "ok"
+    routes = None  # a full-weight replica
 
     def wake(self) -> None:
         pass

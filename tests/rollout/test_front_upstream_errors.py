@@ -63,6 +63,7 @@ class DroppingUpstream:
 
 class _Loop:
     replica_id, served_version, newest_seen, dirty, ready, status = "t", 1, 1, False, True, "ok"
+    routes = None  # a full-weight replica
 
 
 @pytest.fixture

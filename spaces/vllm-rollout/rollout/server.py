@@ -19,6 +19,10 @@ not forwarded (vLLM's three routes take none).
   has no verified bucket version yet (``require_synced``) or is paused for a recovery, answered
   503. ``/v1/models`` reports each model's ``root`` as its served name, not vLLM's local path.
   Every answer carries ``X-Deltasync-Version``: the oldest bucket version that generated it.
+  On a LoRA replica (``ADAPTER=lora``) a request for ``ADAPTER_NAME`` is sent to the newest
+  loaded version ``{ADAPTER_NAME}-v{N}`` as it arrives and stamped N; it finishes on that
+  version, which stays loaded until no request uses it (``rollout.lora``). Before the first
+  version it is answered 503; requests for the base model are passed on, unstamped.
 - ``GET /health``: 200 with ``{"status", "held_version", "newest_seen", "ready"}`` while vLLM is
   healthy, else 503. Versions are not secrets.
 - ``GET /control/status``: the full heartbeat (timings, errors). ``POST /control/sync``: poll now.
@@ -40,6 +44,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from .lora import AdapterRoutes, Lease, route_body
 from .sync_loop import SyncLoop
 
 log = logging.getLogger("rollout.server")
@@ -240,6 +245,27 @@ def _public_models(body: bytes) -> bytes:
     return json.dumps(doc).encode()
 
 
+def _releaser(routes: AdapterRoutes | None, lease: Lease | None) -> Callable[[], None]:
+    """A function that releases ``lease`` once, however often it is called."""
+    done = [routes is None or lease is None]
+
+    def release() -> None:
+        if not done[0]:
+            done[0] = True
+            routes.release(lease)
+
+    return release
+
+
+async def _relay(r: httpx.Response, release: Callable[[], None]):
+    """The upstream body, chunk by chunk; ``release`` runs when it ends or is abandoned."""
+    try:
+        async for chunk in r.aiter_raw():
+            yield chunk
+    finally:
+        release()
+
+
 def create_app(
     loop: SyncLoop,
     vllm_url: str,
@@ -337,9 +363,24 @@ def create_app(
         headers = {
             k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST_HEADERS
         }
-        served = loop.served_version
-        # The URL is the allow-list constant `route`; nothing of the request's path or query.
-        r = await _send_upstream(request.method, route, headers, body)
+        served, routes, release = loop.served_version, loop.routes, _releaser(None, None)
+        if routes is not None and route != "/v1/models":
+            routed = route_body(body, routes)
+            if routed.waiting:
+                return JSONResponse(
+                    {"error": f"no version of adapter {routes.name!r} is loaded yet; retry"},
+                    status_code=503,
+                    headers={"Retry-After": "5"},
+                )
+            body, release = routed.body, _releaser(routes, routed.lease)
+            served = routed.lease.version if routed.lease else None
+        r = None
+        try:
+            # The URL is the allow-list constant `route`; nothing of the request's path or query.
+            r = await _send_upstream(request.method, route, headers, body)
+        finally:
+            if not isinstance(r, httpx.Response):
+                release()  # no upstream answer to stream: the lease ends here
         if isinstance(r, Response):
             return r
         out_headers = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -356,8 +397,9 @@ def create_app(
             for name in ("content-length", "content-encoding"):  # aread() decoded the body
                 out_headers.pop(name, None)
             return Response(data, r.status_code, out_headers)
+        stream = r.aiter_raw() if routes is None else _relay(r, release)
         return StreamingResponse(
-            r.aiter_raw(), r.status_code, out_headers, background=BackgroundTask(r.aclose)
+            stream, r.status_code, out_headers, background=BackgroundTask(r.aclose)
         )
 
     async def _send_upstream(method: str, route: str, headers: dict, body: bytes):

@@ -96,3 +96,11 @@ def default_stage_dir() -> str:
 
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     return os.path.join(base or tempfile.gettempdir(), f"deltasync-stage-{os.getuid()}")
+
+
+def unlink_stage(path: str) -> None:
+    """Delete a staging file; one that is gone already is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -27,6 +27,10 @@ is paused; the replica keeps serving the version it has, reports the error in it
 remembers the payload as bad, and re-plans around it (re-anchoring once a newer anchor exists).
 If the apply inside vLLM fails, vLLM's weights are unknown: generation stays paused (and the front
 answers 503) until every tensor has been reloaded from the verified CPU copy.
+
+LoRA replicas (``adapter``): manifests are checked first (``rollout.lora.check_run``); each verified
+version is loaded under a new name with no pause (``rollout.lora_load``; ``paused_s`` 0); a failed
+load is retried at the next poll while the old version keeps serving.
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ from deltasync.status import ReplicaHeartbeat, SyncRecord, lag_s, lag_versions, 
 
 from .engine import Engine, EngineControlError
 from .heartbeat import HeartbeatSchedule
+from .lora import AdapterRoutes, AdapterTarget, CheckedSubscriber
+from .lora_load import AdapterLoader
 from .plan import ModelInfo, choose_apply_path
 from .prepare import Staged, stage_pull
-from .stage import default_stage_dir, write_stage
+from .stage import default_stage_dir, unlink_stage, write_stage
 from .state import SyncState, check_transition
 
 log = logging.getLogger("rollout.sync")
@@ -71,9 +77,14 @@ class SyncLoop:
         heartbeat_min_gap_s: least seconds between two heartbeat writes (default 0 on a local
             folder, 60 elsewhere: each write costs 2 Hub API requests).
         clock: monotonic seconds (tests pass a simulated clock).
+        public_url: the URL trainers reach this replica at, announced in its heartbeat.
+        adapter: serve a LoRA adapter run on the base model (None: a full-weight run).
 
     Raises (from ``start``/``connect``):
-        rollout.plan.UnsupportedModelError: the served model cannot take exact bf16 updates.
+        rollout.plan.UnsupportedModelError: the served model cannot take exact bf16 updates
+            (full-weight replicas).
+        EngineControlError: a LoRA replica could not unload the adapters a previous sync loop
+            left in vLLM.
     """
 
     def __init__(
@@ -90,9 +101,10 @@ class SyncLoop:
         heartbeat_min_gap_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         public_url: str | None = None,
+        adapter: AdapterTarget | None = None,
     ):
         self.follower = Follower(
-            bucket,
+            CheckedSubscriber(bucket, adapter),
             poll_interval_s=poll_interval_s,
             max_poll_interval_s=max_poll_interval_s,
             error_poll_interval_s=error_poll_interval_s,
@@ -111,6 +123,10 @@ class SyncLoop:
         )
         self.requested_path = apply_path
         self.stage_dir = stage_dir or default_stage_dir()
+        self.lora: AdapterLoader | None = None
+        if adapter is not None:
+            folder = os.path.join(self.stage_dir, "adapters", replica_id)
+            self.lora = AdapterLoader(engine, adapter, folder)
         self.served_version: int | None = None  # the verified version vLLM serves
         self.dirty = False  # an apply failed inside vLLM: paused until a full reload succeeds
         self._unserved: Pulled | None = None  # verified into held, but its pause failed
@@ -130,7 +146,11 @@ class SyncLoop:
     def connect(self) -> str:
         """Ask the worker extension about the model and choose the apply path (reported)."""
         self.info = ModelInfo.from_json(self.engine.describe())
-        self.apply_path = choose_apply_path(self.info, self.requested_path)
+        if self.lora is not None:  # the base weights never change: any served model will do
+            self.lora.reset()
+            self.apply_path = "lora"
+        else:
+            self.apply_path = choose_apply_path(self.info, self.requested_path)
         log.info(
             "replica %s: model %s on %s dtype=%s tied=%s apply_path=%s store=%s",
             self.replica_id,
@@ -173,6 +193,11 @@ class SyncLoop:
     def ready(self) -> bool:
         """Serving a verified bucket version (and not paused for a recovery)."""
         return self.served_version is not None and not self.dirty
+
+    @property
+    def routes(self) -> AdapterRoutes | None:
+        """Where the front sends adapter requests (None on a full-weight replica)."""
+        return self.lora.routes if self.lora is not None else None
 
     @property
     def newest_seen(self) -> int | None:
@@ -233,6 +258,11 @@ class SyncLoop:
         if self.dirty:
             self._recover_full()
             return None
+        if self.lora is not None:
+            try:
+                self.lora.retire()
+            except EngineControlError as e:
+                self._report(e, "unloading a retired adapter failed; retrying at the next poll")
         if self.follower.failed:
             return None
         if self.status is SyncState.ERROR and isinstance(self._last_exc, StoreAccessError):
@@ -253,6 +283,8 @@ class SyncLoop:
             return None
         whole = pulled.plan.from_version is None  # a first version or a re-anchor
         self._set_state(SyncState.RECOVERING if whole else SyncState.SYNCING)
+        if self.lora is not None:
+            return self._load_adapter(pulled)
         assert self.info is not None
         path = os.path.join(self.stage_dir, f"{self.replica_id}-v{self.held.version}.safetensors")
         staged = stage_pull(
@@ -268,7 +300,7 @@ class SyncLoop:
             self.engine.pause("keep")
         except EngineControlError as e:  # nothing applied: keep serving the old version
             self._unserved = p.pulled
-            _unlink(p.path)
+            unlink_stage(p.path)
             self._report(e, "pause failed; retrying at the next poll")
             return None
         try:
@@ -281,16 +313,36 @@ class SyncLoop:
             self._recover_full()
             return None
         finally:
-            _unlink(p.path)
+            unlink_stage(p.path)
         try:
             self.engine.set_version(version)
             self._prefix_reset_pending = not self.engine.reset_prefix_cache()
         finally:
             self.engine.resume()
         paused_s = time.perf_counter() - t_pause
-        self.served_version = version
         rec = p.pulled.record(paused_s, apply_s, p.mode, extra_decode_s=p.stage_s)
-        rec.from_version = p.from_version
+        return self._served(rec, p.from_version, p.stage_s, p.tensors)
+
+    def _load_adapter(self, pulled: Pulled) -> SyncRecord | None:
+        """Load the held adapter version into vLLM under a new name; no pause."""
+        assert self.lora is not None and pulled.manifest.adapter is not None
+        version = self.held.version
+        try:
+            write_s, load_s = self.lora.load(self.held.tensors, pulled.manifest.adapter, version)
+        except (EngineControlError, OSError) as e:  # the old version keeps serving
+            self._unserved = pulled
+            self._report(e, f"load of adapter v{version} failed; retrying at the next poll")
+            return None
+        rec = pulled.record(0.0, load_s, "lora", extra_decode_s=write_s)
+        return self._served(rec, self.served_version, write_s, len(self.held.tensors))
+
+    def _served(
+        self, rec: SyncRecord, from_version: int | None, stage_s: float, tensors: int
+    ) -> SyncRecord:
+        """Record that vLLM now serves ``rec.version``: state, log line, heartbeat."""
+        version = rec.version
+        self.served_version = version
+        rec.from_version = from_version
         self.recent.append(rec)
         self.recent = self.recent[-50:]
         # behind after a sync only when a step was refused (plans always go to the newest)
@@ -298,20 +350,9 @@ class SyncLoop:
         log.info(
             "sync v%s->v%d %s steps=%d bytes=%d fetch=%.4fs decode=%.4fs stage=%.4fs "
             "paused=%.4fs apply=%.4fs path=%s tensors=%d lag=%.3fs newest=v%s prefix_reset=%s",
-            p.from_version,
-            version,
-            rec.kind,
-            rec.steps,
-            rec.bytes,
-            p.pulled.fetch_s,
-            p.pulled.decode_s,
-            p.stage_s,
-            paused_s,
-            apply_s,
-            p.mode,
-            p.tensors,
-            rec.lag_s,
-            self.newest_seen,
+            *(from_version, version, rec.kind, rec.steps, rec.bytes, rec.fetch_s),
+            *(rec.decode_s - stage_s, stage_s, rec.paused_s, rec.apply_s, rec.apply_path),
+            *(tensors, rec.lag_s, self.newest_seen),
             "deferred" if self._prefix_reset_pending else "ok",
         )
         self._heartbeat(force=True)
@@ -339,7 +380,7 @@ class SyncLoop:
             self._report(e, f"full reload of v{version} failed; generation stays paused")
             return
         finally:
-            _unlink(path)
+            unlink_stage(path)
         self.dirty = False
         self.served_version = version
         self._set_state(SyncState.OK if version == self.newest_seen else SyncState.SYNCING)
@@ -405,10 +446,3 @@ class SyncLoop:
             write_heartbeat(self.store, self.heartbeat())
         except StoreError as e:  # status is best effort; serving goes on
             log.warning("heartbeat write to %s failed: %s", self.store.uri, e)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
