@@ -34,7 +34,7 @@ _FLOAT_DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "F64":
 _SKIPPED_DTYPES = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"}
 
 
-def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+def float_to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """Round float values (numpy f16/f32/f64) to bf16 bits (``np.uint16``, same shape) with
     round-to-nearest-even, as ``torch.Tensor.to(torch.bfloat16)`` does for finite values (f64 is
     rounded to f32 first); NaN becomes 0x7FC0."""
@@ -50,7 +50,7 @@ def _bf16_bits_or_none(name: str, t: Any) -> np.ndarray | None:
         if t.dtype == np.uint16:
             return to_bf16_bits(t)
         if t.dtype.kind == "f":
-            return f32_to_bf16_bits(t)
+            return float_to_bf16_bits(t)
         if t.dtype.kind in "biu":
             return None
         raise TypeError(f"{name}: cannot digest a numpy {t.dtype} tensor as bf16")
@@ -97,13 +97,14 @@ def base_digest_of(named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]])
 
 def base_named_tensors(peft_named: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
     """The base weights of a PEFT model under their checkpoint names, for :func:`base_digest_of`:
-    ``base_model.model.`` and ``.base_layer`` removed from each name, the adapter's own tensors
-    (``lora_*``, ``modules_to_save``) left out. Pass ``peft_model.named_parameters()`` or
-    ``peft_model.state_dict().items()``."""
+    ``base_model.model.``, ``.base_layer`` and ``.original_module`` removed from each name, the
+    adapter's own tensors (``lora_*``, ``modules_to_save``) left out. Pass
+    ``peft_model.named_parameters()`` or ``peft_model.state_dict().items()``."""
     for name, t in peft_named:
-        if ".lora_" in name or "modules_to_save" in name:
+        if ".lora_" in name or ".modules_to_save." in name:
             continue
-        name = name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+        name = name.removeprefix(PEFT_PREFIX)
+        name = name.replace(".base_layer.", ".").replace(".original_module.", ".")
         yield name, t
 
 

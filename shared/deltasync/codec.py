@@ -171,6 +171,9 @@ def decode(
     frame = mv[_HEADER.size + rice_n :]
     max_out = _TABLE.itemsize * n_rows + 3 * n
     try:
+        declared = zstandard.frame_content_size(frame)  # -1: not in the frame header
+        if declared > max_out:  # a damaged header: refuse before allocating what it declares
+            raise _corrupt(f"value stream declares {declared} bytes, at most {max_out} possible")
         body = zstandard.ZstdDecompressor().decompress(frame, max_output_size=max_out)
     except zstandard.ZstdError as e:
         raise _corrupt(f"value stream is not a valid zstd frame ({e})") from e

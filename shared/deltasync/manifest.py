@@ -128,7 +128,10 @@ class AdapterInfo(_Strict):
     @field_validator("peft_config")
     @classmethod
     def _lora_config(cls, cfg: dict[str, Any]) -> dict[str, Any]:
-        cfg = _json_value(cfg)
+        try:  # as adapter_config.json holds it: enums as their values, sets as sorted lists
+            cfg = json.loads(json.dumps(_json_value(cfg)))
+        except TypeError as e:
+            raise ValueError(f"peft_config must be JSON like adapter_config.json ({e})") from e
         r, alpha, targets = cfg.get("r"), cfg.get("lora_alpha"), cfg.get("target_modules")
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise ValueError(f"peft_config['r'] must be an int >= 1, found {r!r}")

@@ -5,6 +5,7 @@ torch tensors, numpy arrays and a checkpoint folder (fp32 or bf16, tied embeddin
 and ``check_base`` refuses another base, saying how to fix it; ``write_peft_folder`` writes a
 folder that safetensors loads bit for bit, atomically."""
 
+import enum
 import json
 import os
 
@@ -37,8 +38,8 @@ def lora_tensors(r=8, seed=0) -> dict[str, np.ndarray]:
     a = rng.standard_normal((r, 16)).astype(np.float32)
     b = rng.standard_normal((16, r)).astype(np.float32)
     return {
-        LORA_KEY.format("A"): ad.f32_to_bf16_bits(a),
-        LORA_KEY.format("B"): ad.f32_to_bf16_bits(b),
+        LORA_KEY.format("A"): ad.float_to_bf16_bits(a),
+        LORA_KEY.format("B"): ad.float_to_bf16_bits(b),
     }
 
 
@@ -57,6 +58,10 @@ def base_model(tied=True) -> dict[str, torch.Tensor]:
 def test_adapter_info_normalizes_and_validates_the_peft_config():
     info = lora_info()
     assert info.peft_config["target_modules"] == ["q_proj", "v_proj"]  # a set, as JSON keeps it
+    lora = enum.Enum("PeftType", {"LORA": "LORA"}, type=str)  # PEFT's config enums are str
+    assert lora_info(peft_type=lora.LORA).peft_config["peft_type"] == "LORA"
+    with pytest.raises(ValidationError, match="adapter_config.json"):
+        lora_info(runtime=object())
     for bad in ({"r": 0}, {"r": "8"}, {"lora_alpha": None}, {"target_modules": []}):
         with pytest.raises(ValidationError):
             lora_info(**bad)
@@ -146,10 +151,10 @@ def test_numpy_rounding_matches_torch():
     edge = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 3.4e38, float("inf"), -float("inf")])
     x = torch.cat([x, edge, torch.tensor([1.00390625, 1.01171875, -1.00390625])])  # ties
     want = x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    assert np.array_equal(ad.f32_to_bf16_bits(x.numpy()), want)
+    assert np.array_equal(ad.float_to_bf16_bits(x.numpy()), want)
     half = x[:100].to(torch.float16)
     want16 = half.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    assert np.array_equal(ad.f32_to_bf16_bits(half.numpy()), want16)
+    assert np.array_equal(ad.float_to_bf16_bits(half.numpy()), want16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -180,7 +185,8 @@ def test_base_digest_from_a_peft_model_and_a_sharded_checkpoint(tmp_path):
         ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", torch.ones(8)),
         ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight", torch.ones(8)),
         ("base_model.model.model.norm.weight", model["model.norm.weight"]),
-        ("base_model.model.lm_head.weight", model["lm_head.weight"]),
+        ("base_model.model.lm_head.original_module.weight", model["lm_head.weight"]),
+        ("base_model.model.lm_head.modules_to_save.default.weight", torch.zeros(32, 16)),
     ]
     want = ad.base_digest_of_folder(str(tmp_path))
     assert ad.base_digest_of(ad.base_named_tensors(peft_named)) == want

@@ -184,6 +184,16 @@ def test_oversized_positions_raise():
         codec.decode(blob, base)
 
 
+def test_a_frame_declaring_more_than_the_tensor_holds_is_refused_before_allocating():
+    base = np.full(4, 0x3F80, np.uint16)
+    rice = bytes([0b10010])
+    blob = bytes.fromhex("010000000100000000000000") + rice
+    bomb = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(1 << 24))
+    assert zstandard.frame_content_size(bomb) == 1 << 24  # a 16 MiB body for a 4-element tensor
+    with pytest.raises(DeltaCorruptError, match="declares 16777216 bytes"):
+        codec.decode(blob + bomb, base)
+
+
 def _decode_or_error(blob, base, threads):
     try:
         return codec.decode(blob, base, threads=threads)
