@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -16,6 +17,16 @@ from urllib.parse import urlparse
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen3-0.6B"
 TINY = "tiny"
+ADAPTERS = ("lora",)  # the adapter kinds a run can train (``adapter``)
+# Modules vLLM cannot serve a LoRA on (TRL's ``validate_lora_for_vllm_sync`` refuses them too).
+_NOT_LORA_TARGETS = ("lm_head", "embed_tokens")
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*")
+_VERSIONED = re.compile(r".*-v[0-9]+")
+
+
+class AdapterConfigError(ValueError):
+    """An adapter setting (``adapter``, ``lora_*``, ``adapter_name``) has a value the run cannot
+    use; the message says what was expected, what was found and how to fix it."""
 
 
 @dataclass
@@ -43,7 +54,8 @@ class TrainConfig:
         learning_rate: AdamW learning rate. None: 2e-4 for the ~2.7 M-parameter local model (at
             1e-5 its bf16 weights, which the replica serves, barely move: an update smaller than
             half a bf16 ulp of a weight is lost in the rounding; the handout experiment's policy
-            gradient used 3e-4), 1e-6 for hub models (RL-typical).
+            gradient used 3e-4), 1e-6 for hub models (RL-typical), 1e-5 for a LoRA adapter on a
+            hub model (an adapter starts at zero and needs larger steps than full weights).
         num_generations: completions per GRPO group (they all play the same word).
         per_device_train_batch_size: episodes generated concurrently and queued for the trainer
             (TRL's ``samples_per_step``). How many a step trains on is set by ``token_budget``.
@@ -101,6 +113,17 @@ class TrainConfig:
         hf_token: for hf:// buckets and private Spaces; from ``HF_TOKEN``, never logged.
         rollout_api_key: the replica's ``ROLLOUT_API_KEY`` (replicas outside Spaces); from
             ``ROLLOUT_API_KEY``, never logged.
+        adapter: None: train and publish every weight (the default). ``lora``: train a LoRA
+            adapter on the frozen model (PEFT, through TRL's ``peft_config``) and publish only the
+            adapter's tensors, each version a PEFT adapter the replicas load under a versioned
+            name (``trainer.loop.adapter``). From ``ADAPTER``.
+        lora_rank: the adapter's rank ``r`` (1..512; the local replica's ``MAX_LORA_RANK`` is
+            this rounded up to a rank vLLM builds buffers for, TRL's ``round_lora_rank``).
+        lora_alpha: LoRA scaling numerator: the update is ``lora_alpha / lora_rank * B @ A``.
+        lora_target_modules: comma-separated module names the adapter wraps (not ``lm_head`` or
+            ``embed_tokens``: vLLM serves no LoRA there).
+        adapter_name: the stable model name rollouts and evaluations request; each replica maps
+            it to the newest adapter version it loaded (``{adapter_name}-v{N}``).
     """
 
     bucket: str | None = field(default=None, metadata={"env": "BUCKET"})
@@ -145,6 +168,14 @@ class TrainConfig:
     rollout_api_key: str | None = field(
         default=None, repr=False, metadata={"env": "ROLLOUT_API_KEY"}
     )
+    adapter: str | None = field(default=None, metadata={"env": "ADAPTER"})
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    adapter_name: str = "policy"
+
+    def __post_init__(self) -> None:
+        check_adapter_settings(self)
 
     @property
     def local(self) -> bool:
@@ -178,7 +209,54 @@ class TrainConfig:
         """The learning rate (see ``learning_rate``)."""
         if self.learning_rate is not None:
             return self.learning_rate
-        return 2e-4 if self.model_id() == TINY else 1e-6
+        if self.model_id() == TINY:
+            return 2e-4
+        return 1e-5 if self.adapter else 1e-6
+
+    def target_modules(self) -> list[str]:
+        """``lora_target_modules`` as a list of module names."""
+        return [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
+
+
+def check_adapter_settings(cfg: TrainConfig) -> None:
+    """Refuse adapter settings the run cannot use (checked for every config, adapter or not, so
+    a bad flag fails before anything starts).
+
+    Raises:
+        AdapterConfigError: ``adapter`` is not None or ``lora``; ``lora_rank`` is not 1..512;
+            ``lora_alpha`` is not positive; ``lora_target_modules`` is empty or names
+            ``lm_head``/``embed_tokens`` or something that is not a module name;
+            ``adapter_name`` is not a plain name or ends like a versioned name (``-v3``).
+    """
+    if cfg.adapter is not None and cfg.adapter not in ADAPTERS:
+        raise AdapterConfigError(
+            f"ADAPTER: expected one of {', '.join(ADAPTERS)} (or unset for full weights), "
+            f"found {cfg.adapter!r}; set ADAPTER=lora or unset it"
+        )
+    if not 1 <= cfg.lora_rank <= 512:  # 512: the largest rank vLLM serves (TRL's VLLM_LORA_RANKS)
+        raise AdapterConfigError(
+            f"--lora-rank: expected 1..512 (the ranks vLLM can serve), found {cfg.lora_rank}; "
+            "pick a rank in that range (8 or 16 are typical)"
+        )
+    if cfg.lora_alpha <= 0:
+        raise AdapterConfigError(
+            f"--lora-alpha: expected a positive number, found {cfg.lora_alpha}; "
+            "use e.g. twice the rank (16 for rank 8)"
+        )
+    targets = cfg.target_modules()
+    bad = [m for m in targets if m in _NOT_LORA_TARGETS or not m.isidentifier()]
+    if not targets or bad:
+        raise AdapterConfigError(
+            "--lora-target-modules: expected comma-separated linear-layer names such as "
+            f"q_proj,v_proj (not {' or '.join(_NOT_LORA_TARGETS)}: vLLM serves no LoRA there), "
+            f"found {cfg.lora_target_modules!r}; remove {bad or 'the blanks'}"
+        )
+    if not _ADAPTER_NAME.fullmatch(cfg.adapter_name) or _VERSIONED.fullmatch(cfg.adapter_name):
+        raise AdapterConfigError(
+            "--adapter-name: expected a plain name of letters, digits, '_', '.' and inner '-' "
+            f"that does not end in -v<N> (replicas serve versions as NAME-v<N>), found "
+            f"{cfg.adapter_name!r}; use e.g. 'policy'"
+        )
 
 
 def space_headers(url: str, hf_token: str | None) -> dict[str, str]:
@@ -209,12 +287,13 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     """Build the config from command-line flags (``--max-steps 30``, one per field), falling back
     to the environment variables the fields declare (``metadata={"env": ...}``), which the
     Makefile passes: ``BUCKET`` (bucket), ``MODEL`` (model), ``VLLM_URL`` (vllm_url), ``ENV_URL``
-    (env_url), ``RUN_ID`` (run_id), ``STEPS`` (max_steps); then to the fields' defaults. Secrets
-    (``repr=False``: ``HF_TOKEN`` -> hf_token, ``ROLLOUT_API_KEY`` -> rollout_api_key) come from
-    the environment only. With a bucket and no run id, the run id is the bucket's last path part.
+    (env_url), ``RUN_ID`` (run_id), ``STEPS`` (max_steps), ``ADAPTER`` (adapter); then to the
+    fields' defaults. Secrets (``repr=False``: ``HF_TOKEN`` -> hf_token, ``ROLLOUT_API_KEY`` ->
+    rollout_api_key) come from the environment only. With a bucket and no run id, the run id is the bucket's last path part.
 
     Raises:
-        SystemExit: (code 2, from argparse) a flag or a variable whose value does not parse.
+        SystemExit: (code 2, from argparse) a flag or a variable whose value does not parse, or
+            adapter settings :func:`check_adapter_settings` refuses (its message is printed).
     """
     p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     kinds = {name: _kind(hint) for name, hint in typing.get_type_hints(TrainConfig).items()}
@@ -244,4 +323,7 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     kw.update({k: v for k, v in vars(ns).items() if v is not None})
     if kw.get("bucket") and "run_id" not in kw:
         kw["run_id"] = kw["bucket"].rstrip("/").split("/")[-1]
-    return TrainConfig(**kw)
+    try:
+        return TrainConfig(**kw)
+    except AdapterConfigError as e:
+        p.error(str(e))

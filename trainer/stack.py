@@ -1,11 +1,12 @@
 """The run stack: everything a run starts around the trainer, started in order and stopped in
 reverse on every path, errors included.
 
-Order of :meth:`RunStack.start`: the Wordle server (local default), the publisher, the local
-replica, the dashboard, then (once every child answers its health check) the fleet's replica pool
-and the HTTP router TRL talks to. Each part registers its stop on one ``contextlib.ExitStack``, so
-leaving the ``with`` block stops the router, the pool, the children and the trainer log file in
-reverse order, whether the run finished or raised.
+Order of :meth:`RunStack.start`: the Wordle server (local default), the publisher (for an adapter
+run, with the adapter it records), the local replica (with ``ADAPTER``, ``ADAPTER_NAME`` and
+``MAX_LORA_RANK`` for an adapter run), the dashboard, then (once every child answers its health
+check) the fleet's replica pool and the HTTP router TRL talks to. Each part registers its stop on
+one ``contextlib.ExitStack``, so leaving the ``with`` block stops the router, the pool, the
+children and the trainer log file in reverse order, whether the run finished or raised.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from trainer.config import TrainConfig
 from trainer.fleet.pool import ReplicaPool, parse_vllm_urls
 from trainer.fleet.router import FleetRouter
 from trainer.local import processes
+from trainer.loop import adapter
 from trainer.task.wordle_task import ENV_URL_VAR
 
 log = logging.getLogger("trainer")
@@ -93,11 +95,13 @@ class RunStack(contextlib.AbstractContextManager):
         if self.env_url is None:
             self.env_url = self.add_child(processes.start_wordle(self.logs_dir)).url
         os.environ[ENV_URL_VAR] = self.env_url  # read by WordleToolEnv in TRL's rollout process
-        self.publisher = self._start_publisher()
+        self.publisher = self._start_publisher(model_path)
         self._exit.callback(self.publisher.close)  # idempotent: flushes the last publish
         fixed_urls, discover = parse_vllm_urls(cfg.vllm_url)
         if not fixed_urls and not discover and cfg.local:  # one replica of our own
-            replica = processes.start_replica(self.bucket, model_path, self.logs_dir)
+            replica = processes.start_replica(
+                self.bucket, model_path, self.logs_dir, extra_env=adapter.replica_env(cfg)
+            )
             fixed_urls, discover = [self.add_child(replica).url], True  # late ones join
         elif not fixed_urls:  # a bucket and no VLLM_URL: every replica that follows it
             discover = True
@@ -111,7 +115,9 @@ class RunStack(contextlib.AbstractContextManager):
             child.wait_healthy(CHILD_START_TIMEOUT_S)
         self._start_fleet(fixed_urls, discover)
 
-    def _start_publisher(self) -> DeltaPublisher:
+    def _start_publisher(self, model_path: str) -> DeltaPublisher:
+        """The run's publisher; for an adapter run it records the adapter (its PEFT config and
+        the digest of the base weights in ``model_path``) in every manifest."""
         cfg = self.cfg
         retention = {"anchor_every": cfg.anchor_every, "keep_anchors": cfg.keep_anchors}
         config = PublisherConfig(
@@ -119,7 +125,8 @@ class RunStack(contextlib.AbstractContextManager):
             diff_on=cfg.diff_on,
             **{k: v for k, v in retention.items() if v is not None},  # None: the default
         )
-        return DeltaPublisher(self.store, run_id=cfg.run_id, config=config)
+        info = adapter.adapter_info(cfg, model_path) if cfg.adapter else None
+        return DeltaPublisher(self.store, run_id=cfg.run_id, config=config, adapter=info)
 
     def _start_fleet(self, fixed_urls: list[str], discover: bool) -> None:
         cfg, publisher, local = self.cfg, self.publisher, self.store.is_local

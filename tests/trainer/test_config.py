@@ -1,5 +1,6 @@
 """``trainer.config.from_args``: flags, else the variables the ``TrainConfig`` fields declare
-(``metadata["env"]``), else the fields' defaults. The expectations come from the declarations."""
+(``metadata["env"]``), else the fields' defaults. The expectations come from the declarations.
+Adapter settings a run cannot use are refused with what was expected, found and the fix."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import Field, fields
 
 import pytest
 
-from trainer.config import TrainConfig, from_args
+from trainer.config import AdapterConfigError, TrainConfig, from_args
 
 HINTS = typing.get_type_hints(TrainConfig)
 DECLARED = [f for f in fields(TrainConfig) if "env" in f.metadata]
@@ -16,6 +17,8 @@ DECLARED = [f for f in fields(TrainConfig) if "env" in f.metadata]
 
 def _sample(f: Field) -> tuple[str, object]:
     """A valid value for field ``f`` other than its default: (the variable's text, the value)."""
+    if f.name == "adapter":  # a choice: its one kind
+        return "lora", "lora"
     if HINTS[f.name] is int:
         return str(f.default + 7), f.default + 7
     return f"x-{f.name}", f"x-{f.name}"
@@ -83,3 +86,36 @@ def test_a_variable_that_does_not_parse_is_named(env, capsys):
         from_args([])
     assert e.value.code == 2
     assert "STEPS: expected an integer, found 'many'" in capsys.readouterr().err
+
+
+def test_adapter_settings_are_read_from_flags_and_the_variable(env):
+    env(ADAPTER="lora")
+    argv = ["--lora-rank", "16", "--lora-alpha", "32", "--lora-target-modules", "q_proj, v_proj"]
+    cfg = from_args([*argv, "--adapter-name", "wordle-lora"])
+    assert (cfg.adapter, cfg.lora_rank, cfg.lora_alpha) == ("lora", 16, 32)
+    assert (cfg.target_modules(), cfg.adapter_name) == (["q_proj", "v_proj"], "wordle-lora")
+    assert TrainConfig().adapter is None  # the default: full weights
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({"adapter": "qlora"}, "ADAPTER: expected one of lora"),
+        ({"lora_rank": 0}, "--lora-rank: expected 1..512"),
+        ({"lora_rank": 1024}, "--lora-rank: expected 1..512"),
+        ({"lora_alpha": 0}, "--lora-alpha: expected a positive number"),
+        ({"lora_target_modules": " , "}, "--lora-target-modules: expected"),
+        ({"lora_target_modules": "q_proj,lm_head"}, "remove ['lm_head']"),
+        ({"lora_target_modules": "q_proj,model.*"}, "remove ['model.*']"),
+        ({"adapter_name": "me/policy"}, "--adapter-name: expected a plain name"),
+        ({"adapter_name": "policy-v3"}, "does not end in -v<N>"),
+    ],
+)
+def test_bad_adapter_settings_are_refused(env, capsys, settings, expected):
+    with pytest.raises(AdapterConfigError, match="found") as e:
+        TrainConfig(**{"adapter": "lora", **settings})
+    assert expected in str(e.value)
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+    with pytest.raises(SystemExit) as exit_:
+        from_args(flags)
+    assert exit_.value.code == 2 and expected in capsys.readouterr().err.replace("\n", " ")

@@ -6,6 +6,11 @@ every weight sync. Here ``send_weights`` hands the named parameters to a
 last published snapshot; encoding and upload continue on the publisher's thread. ``pause`` and
 ``resume`` do nothing: replicas pull from the bucket on their own schedule and pause themselves
 only for the in-memory apply.
+
+In an adapter run (``adapter_fn`` given) each sync publishes the LoRA adapter's tensors only (PEFT
+names, ``trainer.loop.adapter``); TRL's stream of the merged base weights is not read, so no base
+tensor is copied or published. With one trainer process nothing waits on that stream (under
+FSDP2 it would be a collective: adapter runs refuse several processes).
 """
 
 from __future__ import annotations
@@ -29,12 +34,22 @@ class BucketWeightTransfer:
         step_fn: returns the trainer's current optimizer step (recorded in the manifest).
         first_apply_fn: called with the first published version after it is committed, e.g. to
             wait until a local replica serves it before TRL starts requesting rollouts.
+        adapter_fn: adapter runs: returns the adapter's tensors to publish ({PEFT key: tensor},
+            ``trainer.loop.adapter.adapter_tensors``); TRL's streamed iterator is then ignored.
+            None: publish what TRL streams (full weights).
     """
 
-    def __init__(self, publisher: DeltaPublisher, step_fn=lambda: None, first_apply_fn=None):
+    def __init__(
+        self,
+        publisher: DeltaPublisher,
+        step_fn=lambda: None,
+        first_apply_fn=None,
+        adapter_fn=None,
+    ):
         self.publisher = publisher
         self.step_fn = step_fn
         self.first_apply_fn = first_apply_fn
+        self.adapter_fn = adapter_fn
         self.last_version: int | None = None
         self.syncs = 0
         self.diff_s: list[float] = []
@@ -52,10 +67,14 @@ class BucketWeightTransfer:
         """Publish the model as the next version; returns once the diff is done.
 
         Args:
-            iterator: (HF checkpoint name, tensor) for every parameter, as TRL streams them.
+            iterator: (HF checkpoint name, tensor) for every parameter, as TRL streams them; not
+                read in an adapter run (the adapter's tensors from ``adapter_fn`` are published).
         """
         t0 = time.perf_counter()
-        named = [(name, t.detach()) for name, t in iterator]
+        if self.adapter_fn is None:
+            named = [(name, t.detach()) for name, t in iterator]
+        else:
+            named = list(self.adapter_fn().items())
         self.last_version = self.publisher.publish(named, step=self.step_fn())
         self.syncs += 1
         if self.syncs == 1 and self.first_apply_fn is not None:

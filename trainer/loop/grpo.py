@@ -8,7 +8,7 @@ import time
 
 from trainer.config import TrainConfig
 from trainer.fleet.rollout_tagging import ReplicaVersionTagger
-from trainer.loop import ranks, trl_compat
+from trainer.loop import adapter, ranks, trl_compat
 from trainer.loop.bucket_transfer import BucketWeightTransfer
 from trainer.task.wordle_task import WordleToolEnv, make_dataset
 
@@ -28,8 +28,20 @@ def build_trainer(
     before TRL's rollout worker starts (the evaluation "before" uses it).
     ``sample_versions_fn(token_ids)``: the versions that answered a sample's turns (the router's
     ``EpisodeAffinity.versions_of``), for per-sample staleness.
+
+    Adapter runs (``cfg.adapter``): TRL wraps the model with the run's LoRA config
+    (``peft_config``); the transfer publishes the adapter's tensors only, the model stays
+    unmerged, and rollouts request ``cfg.adapter_name``.
+
+    Raises:
+        trainer.config.AdapterConfigError: an adapter run with several processes, or an adapter
+            TRL refuses for vLLM.
+        deltasync.errors.AdapterMismatchError, deltasync.errors.WrongBaseModelError: the
+            trainer's PEFT model is not the adapter the publisher records.
     """
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    adapter.refuse_several_processes(cfg, ranks.world())
 
     step_samples = cfg.per_device_train_batch_size
     args = AsyncGRPOConfig(
@@ -76,8 +88,11 @@ def build_trainer(
         train_dataset=make_dataset(n_rows, cfg.seed),
         environment_factory=WordleToolEnv,
         weight_transfer=transfer,
+        peft_config=adapter.lora_config(cfg) if cfg.adapter else None,
     )
     state["trainer"] = trainer
+    if cfg.adapter:
+        _adapter_sync(cfg, trainer, transfer, publisher)
     trl_compat.bound_score_queue(trainer, groups=1)
     tagger = trl_compat.wrap_rollout_worker(
         trainer,
@@ -90,6 +105,17 @@ def build_trainer(
         ),
     )
     return trainer, transfer, tagger
+
+
+def _adapter_sync(cfg: TrainConfig, trainer, transfer: BucketWeightTransfer, publisher) -> None:
+    """Adapter run: check the PEFT model against the publisher's adapter, keep it unmerged, let
+    the transfer publish its adapter tensors and the rollouts request the adapter's name."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if publisher is not None:
+        adapter.check_trainer_model(model, publisher.adapter)
+    trl_compat.keep_adapter_unmerged(model)
+    transfer.adapter_fn = lambda: adapter.adapter_tensors(model)
+    trl_compat.set_request_model(trainer, cfg.adapter_name)
 
 
 def wait_for_version(version_fn, version: int, timeout_s: float = 600.0) -> None:

@@ -70,6 +70,7 @@ class HeldOutEvals:
             cfg.max_completion_length,
             cfg.eval_temperature,
             per_seed=True,
+            model_name=cfg.adapter_name if cfg.adapter else None,
         )
         self.blocks[label] = block
         self.metrics_cb.add_eval(label, step, version, block)

@@ -28,6 +28,13 @@ scored (``score_queue_maxsize``, not exposed by ``AsyncGRPOConfig``) on top of `
 generation runs that far ahead, the samples come out 4-5 versions stale, and on a 2-core machine
 vLLM's generation takes the CPU the training step needs. :func:`bound_score_queue` sets it.
 
+Two more serve adapter runs (``ADAPTER=lora``, ``trainer.loop.adapter``), where our weight
+transfer is injected, so TRL takes its merged sync path: :func:`keep_adapter_unmerged` stops it
+folding the adapter into the base weights around each sync (we publish the adapter alone, and a
+merge then unmerge in float arithmetic leaves the base weights changed by rounding: 62,450 of
+2.67 M fp32 elements of the local model after one round trip), and :func:`set_request_model`
+makes the rollout worker request the stable adapter name instead of the base model's path.
+
 ``apply()`` checks the TRL version and that each patched attribute exists, and raises
 ``TRLCompatError`` if TRL changed under us: revisit these patches when upgrading TRL.
 """
@@ -183,3 +190,62 @@ def wrap_rollout_worker(trainer, wrap):
     trainer.rollout_worker = wrapper
     trainer.rollout_queue = wrapper.rollout_buffer
     return wrapper
+
+
+def keep_adapter_unmerged(model) -> None:
+    """Make ``model.merge_adapter()`` and ``model.unmerge_adapter()`` do nothing on this PEFT
+    model (instance attributes; other models are untouched). TRL's merged weight sync calls them
+    around ``send_weights``; an adapter run publishes the adapter alone, and the round trip would
+    change the frozen base weights by rounding, so the trainer would drift from the base the
+    replicas serve.
+
+    Raises:
+        TRLCompatError: ``model`` is not a PEFT model, or TRL's sync no longer merges this way.
+    """
+    import inspect
+
+    from peft import PeftModel
+    from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
+
+    if not isinstance(model, PeftModel):
+        raise TRLCompatError(f"keep_adapter_unmerged needs a PeftModel, found {type(model)}")
+    source = inspect.getsource(AsyncGRPOTrainer._sync_weight_merged)
+    if "model.merge_adapter()" not in source or "model.unmerge_adapter()" not in source:
+        raise TRLCompatError(
+            "AsyncGRPOTrainer._sync_weight_merged no longer calls merge_adapter/unmerge_adapter: "
+            "TRL changed, re-check trl_compat.keep_adapter_unmerged"
+        )
+
+    def unmerged(*_args, **_kwargs) -> None:
+        """Left unmerged: the adapter is published on its own (trl_compat)."""
+
+    model.merge_adapter = unmerged
+    model.unmerge_adapter = unmerged
+
+
+def set_request_model(trainer, name: str) -> bool:
+    """Make TRL's rollout worker send ``"model": name`` in every request (TRL sends the model's
+    ``_name_or_path``, or its own versioned LoRA names when it syncs adapters itself), through
+    the worker's constructor arguments (``_loop_kwargs``), before ``train()`` spawns the child.
+    Returns False on other ranks (no worker).
+
+    Raises:
+        TRLCompatError: TRL's rollout loop no longer takes ``model_name``/``lora_name`` this way.
+    """
+    import inspect
+
+    from trl.experimental.async_grpo import async_rollout_worker
+
+    worker = getattr(trainer, "rollout_worker", None)
+    if worker is None:
+        return False
+    kwargs = getattr(worker, "_loop_kwargs", None)
+    params = inspect.signature(async_rollout_worker._AsyncRolloutLoop.__init__).parameters
+    if not isinstance(kwargs, dict) or not {"model_name", "lora_name"} <= set(params):
+        raise TRLCompatError(
+            "TRL's rollout worker no longer takes model_name/lora_name through _loop_kwargs: "
+            "TRL changed, re-check trl_compat.set_request_model"
+        )
+    kwargs["model_name"] = name
+    kwargs["lora_name"] = None  # no "-v{N}" suffix: the replica maps the name to its newest
+    return True

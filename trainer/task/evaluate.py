@@ -264,6 +264,7 @@ def evaluate(
     headers: dict | None = None,
     board: bool = True,
     per_seed: bool = False,
+    model_name: str | None = None,
 ) -> dict:
     """Play ``seeds`` through the replica; returns :func:`summarize`'s block.
 
@@ -279,12 +280,15 @@ def evaluate(
         board: tool replies carry the board (``trainer.task.board``), as in training.
         per_seed: add ``per_seed``: each game's environment reward, in ``seeds`` order (for a
             paired comparison of two evaluations on the same seeds).
+        model_name: the model name the requests carry (an adapter run: its adapter name, which
+            the replica maps to its newest adapter version). None: the replica's served model
+            (``GET /v1/models``).
     """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     template = _chat_template(tokenizer)
-    name = served_model(replica_url, headers)
+    name = model_name or served_model(replica_url, headers)
     with httpx.Client(timeout=300, headers=headers) as http, ThreadPoolExecutor(workers) as pool:
         results = list(
             pool.map(
