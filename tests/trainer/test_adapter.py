@@ -16,7 +16,7 @@ import torch
 
 from deltasync.adapter import base_digest_of_folder
 from deltasync.bf16 import to_bf16_bits
-from deltasync.errors import AdapterMismatchError, WrongBaseModelError
+from deltasync.errors import AdapterMismatchError, ModelMismatchError, WrongBaseModelError
 from deltasync.publisher import DeltaPublisher
 from deltasync.subscriber import DeltaSubscriber, HeldWeights
 from trainer.config import AdapterConfigError, TrainConfig
@@ -116,6 +116,36 @@ def test_transfer_publishes_only_the_adapter_bit_exact(tmp_path, store):
     for name, t in want.items():
         assert np.array_equal(held.tensors[name], to_bf16_bits(t)), name
     assert manifest.latest.digest == adapter.adapter_digest(model)
+
+
+def test_a_restart_goes_on_from_the_newest_published_adapter(tmp_path):
+    uri = str(tmp_path / "bucket")
+    folder = base_folder(tmp_path / "base")
+    info = adapter.adapter_info(LORA, folder)
+    model = peft_model(folder, LORA)
+    publisher = DeltaPublisher(uri, run_id="lora", adapter=info)
+    assert adapter.restore_from_bucket(model, publisher) is None  # a new run: nothing to load
+    transfer = BucketWeightTransfer(publisher, adapter_fn=lambda: adapter.adapter_tensors(model))
+    for step in range(2):
+        train_adapter(model, seed=step)
+        transfer.send_weights(unread_stream())
+        publisher.flush()
+    transfer.destroy()
+
+    again = peft_model(folder, LORA)  # the restarted trainer: a fresh adapter (B = 0)
+    publisher = DeltaPublisher(uri, run_id="lora", adapter=info)
+    assert adapter.restore_from_bucket(again, publisher) == 1
+    restored = adapter.adapter_tensors(again)
+    for name, t in adapter.adapter_tensors(model).items():
+        assert torch.equal(to_bf16_bits_t(restored[name]), to_bf16_bits_t(t)), name
+    fewer = peft_model(folder, TrainConfig(adapter="lora", lora_target_modules="q_proj"))
+    with pytest.raises(ModelMismatchError, match="different tensors"):
+        adapter.restore_from_bucket(fewer, publisher)
+    publisher.close()
+
+
+def to_bf16_bits_t(t: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(to_bf16_bits(t).astype(np.int32))
 
 
 def test_trl_merge_round_trip_no_longer_changes_the_base(tmp_path):

@@ -155,6 +155,40 @@ def check_trainer_model(model, info) -> None:
     check_base(info, own_digest, "the trainer's model")
 
 
+def restore_from_bucket(model, publisher) -> int | None:
+    """Restart of an adapter run: load the run's newest published adapter (bf16, as the replicas
+    hold it) into ``model``'s adapter, so training goes on from there (the optimizer state starts
+    fresh, as for full weights). Returns the version restored, None for a new run.
+
+    Raises:
+        deltasync.errors.ModelMismatchError: the bucket's adapter keys are not this model's.
+    """
+    from peft import set_peft_model_state_dict
+
+    from deltasync.errors import ModelMismatchError
+    from deltasync.subscriber import DeltaSubscriber, HeldWeights
+
+    manifest = publisher.manifest
+    if manifest is None or manifest.latest is None:
+        return None
+    sub, held = DeltaSubscriber(publisher.store), HeldWeights()
+    try:
+        sub.sync(held)
+    finally:
+        sub.close()
+    own = adapter_tensors(model)
+    if set(held.tensors) != set(own):
+        diff = sorted(set(held.tensors) ^ set(own))[:3]
+        raise ModelMismatchError(
+            f"the run's adapter v{held.version} and the trainer's adapter name different tensors "
+            f"(e.g. {diff}); resume with the run's LoRA settings or use a new run root"
+        )
+    tensors = {n: t.to(own[n].dtype) for n, t in held.to_torch().items()}
+    set_peft_model_state_dict(model, tensors, adapter_name=model.active_adapters[0])
+    log.info("adapter restored from bucket version %d", held.version)
+    return held.version
+
+
 def max_lora_rank(cfg: TrainConfig) -> int:
     """The ``--max-lora-rank`` a replica needs for this run's adapter: ``lora_rank`` rounded up
     to a rank vLLM builds buffers for (TRL's ``round_lora_rank``: 4 -> 8, 12 -> 16).

@@ -108,11 +108,13 @@ def build_trainer(
 
 
 def _adapter_sync(cfg: TrainConfig, trainer, transfer: BucketWeightTransfer, publisher) -> None:
-    """Adapter run: check the PEFT model against the publisher's adapter, keep it unmerged, let
-    the transfer publish its adapter tensors and the rollouts request the adapter's name."""
+    """Adapter run: check the PEFT model against the publisher's adapter, restore the newest
+    published adapter on a restart, keep the model unmerged, let the transfer publish its adapter
+    tensors and the rollouts request the adapter's name."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     if publisher is not None:
         adapter.check_trainer_model(model, publisher.adapter)
+        adapter.restore_from_bucket(model, publisher)  # a restart goes on from the bucket
     trl_compat.keep_adapter_unmerged(model)
     transfer.adapter_fn = lambda: adapter.adapter_tensors(model)
     trl_compat.set_request_model(trainer, cfg.adapter_name)
