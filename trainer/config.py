@@ -20,7 +20,7 @@ TINY = "tiny"
 ADAPTERS = ("lora",)  # the adapter kinds a run can train (``adapter``)
 # Modules vLLM cannot serve a LoRA on (TRL's ``validate_lora_for_vllm_sync`` refuses them too).
 _NOT_LORA_TARGETS = ("lm_head", "embed_tokens")
-_ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*")
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the replica's ADAPTER_NAME rule
 _VERSIONED = re.compile(r".*-v[0-9]+")
 
 
@@ -253,8 +253,8 @@ def check_adapter_settings(cfg: TrainConfig) -> None:
         )
     if not _ADAPTER_NAME.fullmatch(cfg.adapter_name) or _VERSIONED.fullmatch(cfg.adapter_name):
         raise AdapterConfigError(
-            "--adapter-name: expected a plain name of letters, digits, '_', '.' and inner '-' "
-            f"that does not end in -v<N> (replicas serve versions as NAME-v<N>), found "
+            "--adapter-name: expected 1-64 letters, digits, '.', '_' or '-' (the first a letter "
+            "or digit) not ending in -v<N> (replicas serve versions as NAME-v<N>), found "
             f"{cfg.adapter_name!r}; use e.g. 'policy'"
         )
 

@@ -107,8 +107,9 @@ def test_adapter_settings_are_read_from_flags_and_the_variable(env):
         ({"lora_target_modules": " , "}, "--lora-target-modules: expected"),
         ({"lora_target_modules": "q_proj,lm_head"}, "remove ['lm_head']"),
         ({"lora_target_modules": "q_proj,model.*"}, "remove ['model.*']"),
-        ({"adapter_name": "me/policy"}, "--adapter-name: expected a plain name"),
-        ({"adapter_name": "policy-v3"}, "does not end in -v<N>"),
+        ({"adapter_name": "me/policy"}, "--adapter-name: expected 1-64 letters"),
+        ({"adapter_name": "-policy"}, "the first a letter or digit"),
+        ({"adapter_name": "policy-v3"}, "not ending in -v<N>"),
     ],
 )
 def test_bad_adapter_settings_are_refused(env, capsys, settings, expected):
