@@ -289,7 +289,8 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     Makefile passes: ``BUCKET`` (bucket), ``MODEL`` (model), ``VLLM_URL`` (vllm_url), ``ENV_URL``
     (env_url), ``RUN_ID`` (run_id), ``STEPS`` (max_steps), ``ADAPTER`` (adapter); then to the
     fields' defaults. Secrets (``repr=False``: ``HF_TOKEN`` -> hf_token, ``ROLLOUT_API_KEY`` ->
-    rollout_api_key) come from the environment only. With a bucket and no run id, the run id is the bucket's last path part.
+    rollout_api_key) come from the environment only. With a bucket and no run id, the run id is
+    the bucket's last path part.
 
     Raises:
         SystemExit: (code 2, from argparse) a flag or a variable whose value does not parse, or
