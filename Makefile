@@ -23,6 +23,10 @@ STAMP := $(VENV)/.deltasync-setup$(if $(filter 1,$(GPU)),-gpu)
 # by a CPU setup) does not satisfy it, so pip fetches PyPI's CUDA build instead.
 TORCH_GPU := $(if $(TORCH_CUDA_INDEX),"torch==$(TORCH_VERSION)" --extra-index-url $(TORCH_CUDA_INDEX),"torch===$(TORCH_VERSION)")
 PYTEST_ARGS ?=
+# make test runs the suite on this many worker processes (pytest-xdist), one test module per worker
+# at a time (--dist loadscope), so that a module's shared servers start once; 0: in this process.
+TEST_WORKERS ?= 2
+PYTEST_DIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 .PHONY: setup test test-fast test-gpu lint format bench train eval e2e dashboard spaces spaces-down clean
 
@@ -65,10 +69,10 @@ endif
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_DIST) -m "not slow" $(PYTEST_ARGS)
 
 # make test-gpu: only the tests marked gpu; fails here where torch sees no CUDA GPU
 # (make test runs them too where there is one, and skips them, reason printed, where there is none)

@@ -32,13 +32,16 @@ def initial_model(cfg: TrainConfig) -> tuple[str, float]:
 
 
 def resume_point(cfg: TrainConfig, store: Store, model: str) -> str:
-    """The model folder TRL loads: ``model``, or for a run that already has versions, a copy
-    whose weights are the bucket's newest version (restart; the optimizer state starts fresh)."""
+    """The model folder TRL loads: ``model``, or for a full-weight run that already has versions,
+    a copy whose weights are the bucket's newest version (restart; the optimizer state starts
+    fresh). An adapter run's versions are adapters: TRL loads the base ``model`` unchanged and the
+    trainer restores the newest adapter into it (``trainer.loop.adapter.restore_from_bucket``)."""
     from deltasync.subscriber import DeltaSubscriber, HeldWeights
 
     sub = DeltaSubscriber(store)
     manifest = sub.read_manifest()
-    if manifest is None or manifest.latest is None:
+    if manifest is None or manifest.latest is None or manifest.adapter is not None:
+        sub.close()
         return model
     held = HeldWeights()
     sub.sync(held)

@@ -10,6 +10,7 @@ import time
 
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics, read_heartbeats
 from trainer.loop import ranks
+from trainer.loop.adapter import replica_env
 
 
 def build_summary(stack, trainer, tagger, metrics_cb, evals, start: dict) -> dict:
@@ -44,7 +45,7 @@ def build_summary(stack, trainer, tagger, metrics_cb, evals, start: dict) -> dic
         max_request_s=round(router.max_request_s, 1),
         sticky_turns=router.affinity.hits,  # later turns sent to their replica
         per_sample_tags=tagger.per_sample_tags if tagger else 0,
-        trainer_model_digest=model_digest(trainer.model),
+        trainer_model_digest=trained_digest(cfg, trainer),
         trainer_processes=ranks.world(),
     )
     summary["replica_bit_exact"] = replica_bit_exact(summary)
@@ -58,6 +59,17 @@ def replica_bit_exact(summary: dict) -> bool | None:
         return None
     same_digest = summary["final_version_digest"] == summary["trainer_model_digest"]
     return bool(same_digest and summary.get("replica_version") == summary["final_version"])
+
+
+def trained_digest(cfg, trainer) -> str:
+    """The digest of what the run publishes, from the trainer's own model: the adapter tensors of
+    an adapter run (``trainer.loop.adapter.adapter_digest``), else every weight (:func:`model_digest`).
+    Equal to the final version's manifest digest when the bucket holds the trainer's state."""
+    if cfg.adapter:
+        from trainer.loop.adapter import adapter_digest
+
+        return adapter_digest(trainer.accelerator.unwrap_model(trainer.model))
+    return model_digest(trainer.model)
 
 
 def model_digest(model) -> str:
@@ -84,6 +96,10 @@ def _bucket_summary(cfg, store, publisher, tagger, replica_version_fn) -> dict:
     return {
         "run_id": cfg.run_id,
         "bucket": cfg.bucket_uri(),
+        # an adapter run: what its replicas need (make eval starts one)
+        "adapter": cfg.adapter,
+        "adapter_name": cfg.adapter_name if cfg.adapter else None,
+        "replica_env": replica_env(cfg),
         "steps": metrics.steps[-1].step if metrics.steps else 0,
         "reward_first5": _mean(rewards[:5]),
         "reward_last5": _mean(rewards[-5:]),

@@ -38,6 +38,7 @@ from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import read_heartbeats
 from trainer.config import TrainConfig
 from trainer.local import processes
+from trainer.loop.adapter import replica_env
 from trainer.run import run
 from trainer.stack import RunStack
 
@@ -79,7 +80,11 @@ class Faults(TrainerCallback):
 
     def _start(self, step: int) -> None:
         self.replica = processes.start_replica(
-            self.stack.bucket, self.stack.model_path, self.stack.logs_dir, replica_id=LATE
+            self.stack.bucket,
+            self.stack.model_path,
+            self.stack.logs_dir,
+            replica_id=LATE,
+            extra_env=replica_env(self.stack.cfg),  # an adapter run's replicas load adapters
         )
         self.stack.add_child(self.replica)
         self.urls.append(self.replica.url)

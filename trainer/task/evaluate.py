@@ -332,7 +332,9 @@ def parse_seeds(spec: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> None:
     """``make eval RUN=<run_id> SEEDS=<first>:<count>``: before (the run's initial model) and after
-    (its newest bucket version), each through a replica started here."""
+    (its newest bucket version), each through a replica started here. For an adapter run,
+    "before" is the base model (a new adapter starts as a no-op: PEFT's lora_B is zero) and
+    "after" a replica loading the run's newest adapter, requested by its adapter name."""
     from trainer.config import TrainConfig
     from trainer.local import processes
 
@@ -367,14 +369,21 @@ def main(argv: list[str] | None = None) -> None:
         for label, store in (("before", empty), ("after", bucket)):
             # "before": the initial model itself, from an empty bucket (served unsynced);
             # "after": a replica that follows the run's bucket to its newest version.
-            extra = {"REQUIRE_SYNCED": "0"} if store == empty else {}
+            extra = {"REQUIRE_SYNCED": "0"} if store == empty else info.get("replica_env", {})
             replica = processes.start_replica(store, model, logs, f"eval-{label}", extra)
+            name = info.get("adapter_name") if store != empty else None  # None: the served model
             children.append(replica)
             replica.wait_healthy(900)
             if store != empty:
                 processes.wait_version(replica.url, info["final_version"], 300)
             out[label] = evaluate(
-                replica.url, model, wordle.url, seeds, args.max_tokens, TrainConfig.eval_temperature
+                replica.url,
+                model,
+                wordle.url,
+                seeds,
+                args.max_tokens,
+                TrainConfig.eval_temperature,
+                model_name=name,
             )
             replica.stop()
     finally:
