@@ -6,6 +6,13 @@ replica, apply path "cpu-dict": verified patches are applied to a separate servi
 "pause"), writes each replica's ``ReplicaHeartbeat`` with its ``SyncRecord``s, and the trainer's
 ``TrainerMetrics`` (its steps, and an evaluation every 4 steps). ``recorded_bucket`` is a finished
 recording; ``run_recorder`` hands out the class for tests that record while the dashboard runs.
+
+With ``adapter`` (an ``AdapterInfo``: ``lora_adapter``) the recording is an adapter run: the
+publisher records the adapter in every manifest, the tensors are PEFT ``adapter_model.safetensors``
+keys (``ADAPTER_SHAPES``), and the replicas report as LoRA replicas do (apply path "lora",
+``paused_s`` 0, ``apply_s`` the load). ``adapter_bucket`` is such a finished recording, its base
+model named by a local path (``BASE_DIR`` under the test's tmp folder) that public pages must not
+show.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from deltasync.adapter import base_digest_of
 from deltasync.follow import Follower
+from deltasync.manifest import AdapterInfo
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.status import (
     TRAINER_METRICS_PATH,
@@ -37,6 +46,38 @@ SHAPES = {
     "model.layer0.mlp.weight": (32, 32),
     "lm_head.bias": (48,),
 }
+# An adapter run's tensors: rank-4 LoRA on two projections of a one-layer model, under the keys of
+# PEFT's adapter_model.safetensors (lora_A: (r, in), lora_B: (out, r)).
+LORA_RANK = 4
+ADAPTER_SHAPES = {
+    "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": (LORA_RANK, 32),
+    "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": (32, LORA_RANK),
+    "base_model.model.model.layers.0.mlp.up_proj.lora_A.weight": (LORA_RANK, 32),
+    "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight": (64, LORA_RANK),
+}
+BASE_DIR = "models/qwen3-base"  # under tmp_path: the base model's local folder in adapter_bucket
+
+
+def lora_adapter(base_model: str) -> AdapterInfo:
+    """The ``AdapterInfo`` of an adapter run on a small random base model named ``base_model``
+    (its PEFT config names the base too, as PEFT writes ``base_model_name_or_path``)."""
+    rng = np.random.default_rng(7)
+    base = {
+        "model.layers.0.self_attn.q_proj.weight": rng.standard_normal((32, 32), np.float32),
+        "model.layers.0.mlp.up_proj.weight": rng.standard_normal((64, 32), np.float32),
+    }
+    return AdapterInfo(
+        kind="lora",
+        peft_config={
+            "peft_type": "LORA",
+            "r": LORA_RANK,
+            "lora_alpha": 8,
+            "target_modules": ["q_proj", "up_proj"],
+            "base_model_name_or_path": base_model,
+        },
+        base_model=base_model,
+        base_digest=base_digest_of(base),
+    )
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -62,6 +103,8 @@ class RunRecorder:
         anchor_every: the publisher's anchor interval (small, so anchors appear).
         density: fraction of elements changed per step.
         seed: numpy seed of the weights, changes, rewards and staleness.
+        adapter: record an adapter run of this adapter (``ADAPTER_SHAPES``, LoRA replicas).
+        run_id: the run's id.
     """
 
     def __init__(
@@ -71,29 +114,35 @@ class RunRecorder:
         anchor_every: int = 3,
         density: float = 0.05,
         seed: int = 0,
+        adapter: AdapterInfo | None = None,
+        run_id: str = "dash-test",
     ):
         self.store = Store(uri)
         self.rng = np.random.default_rng(seed)
         self.density = density
+        self.adapter = adapter
+        shapes = SHAPES if adapter is None else ADAPTER_SHAPES
         self.weights = {
-            n: _bf16_bits(self.rng.standard_normal(s).astype(np.float32)) for n, s in SHAPES.items()
+            n: _bf16_bits(self.rng.standard_normal(s).astype(np.float32)) for n, s in shapes.items()
         }
         self.publisher = DeltaPublisher(
             self.store,
-            run_id="dash-test",
+            run_id=run_id,
             config=PublisherConfig(anchor_every=anchor_every, keep_anchors=100, encode_threads=1),
+            adapter=adapter,
         )
+        self.apply_path = "cpu-dict" if adapter is None else "lora"
         self.replicas = {
             rid: _Replica(
                 rid,
                 every,
                 Follower(self.store, fetch_threads=1),
                 {},
-                ReplicaHeartbeat.empty(rid, apply_path="cpu-dict"),
+                ReplicaHeartbeat.empty(rid, apply_path=self.apply_path),
             )
             for rid, every in (replicas or {"r0": 1, "r1": 2}).items()
         }
-        self.metrics = TrainerMetrics(run_id="dash-test")
+        self.metrics = TrainerMetrics(run_id=run_id)
         self.steps = 0
         for r in self.replicas.values():
             write_heartbeat(self.store, r.heartbeat)
@@ -168,12 +217,13 @@ class RunRecorder:
             return
         apply_s = 0.0
         t_pause = time.perf_counter()
-        for patches in pulled.applied:  # the pause: apply to the serving weights (cpu-dict path)
+        for patches in pulled.applied:  # the pause (cpu-dict) or the adapter load (lora)
             t0 = time.perf_counter()
             apply_patches(r.serving, patches)
             apply_s += time.perf_counter() - t0
-        paused_s = time.perf_counter() - t_pause
-        r.heartbeat.recent.append(pulled.record(paused_s, apply_s, "cpu-dict"))
+        # a LoRA replica loads the new adapter beside the old one: generation never pauses
+        paused_s = time.perf_counter() - t_pause if self.adapter is None else 0.0
+        r.heartbeat.recent.append(pulled.record(paused_s, apply_s, self.apply_path))
 
     def _beat(self, r: _Replica) -> None:
         latest = r.follower.subscriber.read_manifest().latest
@@ -207,6 +257,19 @@ def recorded_bucket(tmp_path) -> Iterator[tuple[str, RunRecorder]]:
     uri = str(tmp_path / "bucket")
     rec = RunRecorder(uri)
     for _ in range(8):
+        rec.step()
+    rec.close()
+    yield uri, rec
+
+
+@pytest.fixture
+def adapter_bucket(tmp_path) -> Iterator[tuple[str, RunRecorder]]:
+    """A finished adapter run: 6 adapter versions (anchors every 3) of ``lora_adapter`` on a base
+    model named by its local folder (``tmp_path / BASE_DIR``), replicas r0 (every version) and r1
+    (every 2nd). Yields (uri, recorder)."""
+    uri = str(tmp_path / "adapter-bucket")
+    rec = RunRecorder(uri, adapter=lora_adapter(str(tmp_path / BASE_DIR)), run_id="dash-lora")
+    for _ in range(6):
         rec.step()
     rec.close()
     yield uri, rec

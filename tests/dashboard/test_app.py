@@ -1,10 +1,13 @@
 """The dashboard's Gradio app (``dashboard.ui``) served in-process on 127.0.0.1 and
 driven through ``gradio_client``: ``/status`` and ``/refresh`` return what the data layer computes
-for a recorded bucket, and a bucket it cannot read comes back as a message, not an error. Also the
-configuration checks (``DashboardConfig``, ``BUCKET`` from the environment) and the CLI."""
+for a recorded bucket, and a bucket it cannot read comes back as a message, not an error. An
+adapter run's page and API name the adapter and say "adapter version" without showing the base
+model's local path; a full-weight run's page keeps its labels as built. Also the configuration
+checks (``DashboardConfig``, ``BUCKET`` from the environment) and the CLI."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -19,7 +22,15 @@ gr = pytest.importorskip("gradio", reason="the dashboard extra (gradio) is not i
 gradio_client = pytest.importorskip("gradio_client", reason="gradio_client (dev extra) missing")
 
 from dashboard.frames import CURVE_SERIES, TRAIN_CONSISTENT  # noqa: E402
-from dashboard.ui import FIXED_COLORS, PLOTS, DashboardConfig, build_app, plot_update  # noqa: E402
+from dashboard.ui import (  # noqa: E402
+    ADAPTER_LABELS,
+    FIXED_COLORS,
+    PLOTS,
+    DashboardConfig,
+    build_app,
+    plot_labels,
+    plot_update,
+)
 
 
 def _free_port() -> int:
@@ -77,8 +88,75 @@ def test_api_matches_the_data_layer(recorded_bucket):
         assert all(curve["color_map"][k] == FIXED_COLORS[k] for k in CURVE_SERIES)
         assert "label" in next(s for s in PLOTS if s.frame == "curve").tooltip
         assert "consistent" in summary
+        # a full-weight run's page keeps the labels it was built with
+        assert "label" not in table and all("title" not in p for p in plots)
+        assert status["adapter"] is None and "adapter" not in summary.lower()
     finally:
         demo.close()
+
+
+def test_adapter_run_is_named_on_the_page_and_in_the_api(adapter_bucket, tmp_path):
+    uri, _ = adapter_bucket
+    expected = BucketReader(uri).read()
+    digest = expected.adapter.base_digest
+    demo, url = _serve(uri)
+    try:
+        client = gradio_client.Client(url, verbose=False)
+        status = client.predict(api_name="/status")
+        assert status["message"] == "6 adapter version(s) in the manifest"
+        adapter = status["adapter"]
+        assert (adapter["kind"], adapter["r"], adapter["lora_alpha"]) == ("lora", 4, 8)
+        assert adapter["base_model"] is None and adapter["base_digest"] == digest
+        assert adapter["summary"] == f"LoRA adapter r=4, alpha 8 (base {digest[:8]})"
+        want = expected.frame("status").set_index("replica")
+        got = {r["replica"]: r for r in status["replicas"]}
+        assert {rid: r["held_version"] for rid, r in got.items()} == want.held_version.to_dict()
+        assert {r["apply_path"] for r in got.values()} == {"lora"}
+
+        out = client.predict(api_name="/refresh")
+        for answer in (status, out):  # the base model's local folder, nor any part of it
+            text = json.dumps(answer)
+            assert str(tmp_path) not in text and "qwen3-base" not in text
+        summary, table, *plots = out
+        assert "trainer adapter version **5**" in summary
+        assert f"LoRA adapter r=4, alpha 8 (base {digest[:8]})" in summary
+        assert table["__type__"] == "update" and "adapter version" in table["label"]
+        headers = table["value"]["headers"]
+        assert {"held_adapter_version", "trainer_adapter_version"} <= set(headers)
+        assert "held_version" not in headers
+        for spec, plot in zip(PLOTS, plots, strict=True):
+            if spec.elem_id in ADAPTER_LABELS:  # relabelled: versions and bytes are the adapter's
+                labels = plot_labels(spec, adapter=True)
+                assert {k: plot[k] for k in labels} == labels, spec.elem_id
+            else:  # reads the same as for weights
+                assert "title" not in plot, spec.elem_id
+        payload = plots[[s.elem_id for s in PLOTS].index("plot-payload")]
+        assert payload["x_title"] == "adapter version"
+        assert payload["title"].startswith("Adapter bytes per adapter version")
+        assert len(payload["value"]["data"]) == len(expected.frame("payloads"))
+    finally:
+        demo.close()
+
+
+def test_plot_labels_are_sent_when_the_kind_of_run_changes():
+    import pandas as pd
+
+    spec = next(s for s in PLOTS if s.elem_id == "plot-payload")
+    full, lora = plot_labels(spec, adapter=False), plot_labels(spec, adapter=True)
+    assert (full["title"], full["x_title"]) == (spec.title, "version")
+    assert lora["x_title"] == "adapter version" and lora["y_title"].startswith("adapter MB")
+    seen = {"labels": full}  # the page as built
+    df = pd.DataFrame({"version": [0, 1], "kind": ["anchor", "delta"]})
+    sent = [plot_update(df, "kind", [], seen, labels) for labels in (full, lora, lora, lora, full)]
+    assert ["title" in u for u in sent] == [False, True, False, False, True]
+    assert sent[1]["title"] == lora["title"] and sent[4]["x_title"] == "version"
+    # new labels rebuild the chart, and once more on the next refresh (as new categories do)
+    assert [u["color_map"]["~gen"] for u in sent] == ["1", "2", "3", "3", "4"]
+    # a plot without colors is sent as its frame until its labels change
+    bare = next(s for s in PLOTS if s.color is None)
+    seen = {"labels": plot_labels(bare, adapter=False)}
+    assert plot_update(df, None, [], seen, plot_labels(bare, adapter=True)) is df
+    assert plot_update(df, None, [], seen, {**seen["labels"], "title": "x"})["title"] == "x"
 
 
 def test_unreadable_bucket_is_a_message(tmp_path):

@@ -9,6 +9,10 @@ while nothing changes (:meth:`BucketReader.next_read_delay_s`). Parsed objects a
 was seen is kept in a bounded history, so plots keep versions, syncs and steps that retention or
 the heartbeat's bounded ``recent`` list have since dropped.
 
+An adapter run (``Manifest.adapter`` set) is read the same way: its versions, payload bytes and
+the replicas' held versions are the adapter's; :attr:`Snapshot.adapter` names it, and the
+snapshot's lines say "adapter version".
+
 Sync lag uses the one definition of ``deltasync.status``: ``lag_versions`` = trainer version -
 replica version; ``lag_s`` = seconds from the publish of the trainer's newest version to the moment
 considered, while the replica is behind (0 when it holds the newest). Times are unix seconds in the
@@ -50,7 +54,7 @@ from deltasync.store import Store, resolve_uri
 
 from .frames import FramesFromHistory
 from .problems import Problem, ProblemKind
-from .snapshot import ReadStats, Snapshot
+from .snapshot import ReadStats, Snapshot, version_noun
 
 log = logging.getLogger("dashboard")
 
@@ -173,7 +177,8 @@ class BucketReader(FramesFromHistory):
             m = self._manifest
             if problem is None:
                 state, message = "ok", self._ok_message()
-                public = f"{len(m.versions) if m else 0} version(s) in the manifest"
+                noun = version_noun(m.adapter if m else None)
+                public = f"{len(m.versions) if m else 0} {noun}(s) in the manifest"
             else:
                 state, message, public = problem.kind.state, problem.detail, problem.public
             if self._changed or state != "ok":
@@ -193,6 +198,7 @@ class BucketReader(FramesFromHistory):
                 run_id=m.run_id if m else None,
                 trainer_version=latest.version if latest else None,
                 trainer_published_at=latest.created_at if latest else None,
+                adapter=m.adapter if m else None,
                 warnings=warnings,
                 frames=self._frames(now),
                 stats=self._stats,
@@ -315,8 +321,8 @@ class BucketReader(FramesFromHistory):
 
     def _ok_message(self) -> str:
         m = self._manifest
-        n = len(m.versions) if m else 0
-        return f"`{self.bucket}`: {n} version(s) in the manifest"
+        n, noun = (len(m.versions), version_noun(m.adapter)) if m else (0, "version")
+        return f"`{self.bucket}`: {n} {noun}(s) in the manifest"
 
     def _ls(self, store: Store, prefix: str) -> list[str]:
         """Relative paths of the objects under ``prefix`` ([] if none); one listing request."""

@@ -1,6 +1,7 @@
 """What one poll of the run root found (:class:`Snapshot`: state, messages, frames) and what it cost
-(:class:`ReadStats`), with the Markdown summary the page shows. Imports neither torch nor
-gradio."""
+(:class:`ReadStats`), with the Markdown summary the page shows, and how an adapter run is named
+(:func:`describe_adapter`, :func:`public_base_model`, :func:`version_noun`). Imports neither torch
+nor gradio."""
 
 from __future__ import annotations
 
@@ -11,8 +12,66 @@ from typing import Literal
 
 import pandas as pd
 
+from deltasync.manifest import AdapterInfo
+
 from .frames import empty_frame
 from .problems import Problem, ProblemKind
+
+# A base model name public pages show: a Hub id ("Qwen/Qwen3-0.6B") or a bare name ("tiny-qwen3",
+# what the trainer records for a local folder). Anything else (an absolute path, "~", "./", "..",
+# more than one "/", a backslash, a URI) is taken for a filesystem path and left out. A relative
+# "folder/model" cannot be told from a Hub id and is shown.
+_PUBLIC_MODEL_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?", re.ASCII)
+_ADAPTER_KINDS = {"lora": "LoRA"}  # AdapterInfo.kind -> how the page names it
+
+
+def version_noun(adapter: AdapterInfo | None) -> str:
+    """What one published version is called on the page: "adapter version" in an adapter run
+    (``adapter`` set: the versions hold the adapter's tensors only), "version" otherwise."""
+    return "version" if adapter is None else "adapter version"
+
+
+def public_base_model(name: str) -> str | None:
+    """``name`` (``AdapterInfo.base_model``) if public pages may show it: a Hub id or a bare model
+    name; None for anything that looks like a filesystem path or a URI (public pages show no
+    paths)."""
+    if ".." in name or not _PUBLIC_MODEL_NAME.fullmatch(name):
+        return None
+    return name
+
+
+def describe_adapter(adapter: AdapterInfo, public: bool = False) -> str:
+    """One line naming an adapter run, e.g. "LoRA adapter r=8, alpha 16 on `Qwen/Qwen3-0.6B`
+    (base 1a2b3c4d)": kind, rank and alpha from ``peft_config``, the base model's name (left out
+    when ``public`` and it is a path: :func:`public_base_model`) and the first 8 hex digits of the
+    base digest. Markdown."""
+    cfg = adapter.peft_config
+    base = public_base_model(adapter.base_model) if public else adapter.base_model
+    on = " on `{}`".format(base.replace("`", "'")) if base else ""  # a path may hold a "`"
+    kind = _ADAPTER_KINDS.get(adapter.kind, adapter.kind)
+    return (
+        f"{kind} adapter r={cfg['r']}, alpha {cfg['lora_alpha']:g}{on} "
+        f"(base {adapter.base_digest[:8]})"
+    )
+
+
+def public_adapter(adapter: AdapterInfo | None) -> dict | None:
+    """An adapter run's adapter as the ``/status`` API shows it (None for a full-weight run):
+    ``kind``, ``r``, ``lora_alpha``, ``target_modules``, ``base_model`` (None when it is a path:
+    :func:`public_base_model`), ``base_digest`` and ``summary`` (:func:`describe_adapter`). The
+    rest of ``peft_config`` is left out: it may name the base's local folder."""
+    if adapter is None:
+        return None
+    cfg = adapter.peft_config
+    return {
+        "kind": adapter.kind,
+        "r": cfg["r"],
+        "lora_alpha": cfg["lora_alpha"],
+        "target_modules": cfg["target_modules"],
+        "base_model": public_base_model(adapter.base_model),
+        "base_digest": adapter.base_digest,
+        "summary": describe_adapter(adapter, public=True).replace("`", ""),
+    }
 
 
 @dataclass
@@ -42,6 +101,8 @@ class Snapshot:
         run_id: the manifest's run id (None before the first manifest).
         trainer_version: newest version in the manifest (None before the first).
         trainer_published_at: unix seconds of that version's commit.
+        adapter: the manifest's adapter in an adapter run (its versions hold only the adapter's
+            tensors), None in a full-weight run or before the first manifest.
         warnings: files skipped this poll (malformed heartbeat, metrics) and other file-level
             problems while the run is still shown, one :class:`Problem` each.
         frames: {name: DataFrame} with the columns of ``frames.COLUMNS``.
@@ -57,6 +118,7 @@ class Snapshot:
     run_id: str | None = None
     trainer_version: int | None = None
     trainer_published_at: float | None = None
+    adapter: AdapterInfo | None = None
     warnings: list[Problem] = field(default_factory=list)
     frames: dict[str, pd.DataFrame] = field(default_factory=dict)
     stats: ReadStats = field(default_factory=ReadStats)
@@ -75,15 +137,19 @@ class Snapshot:
         return lines
 
     def markdown(self, public: bool = False) -> str:
-        """A short Markdown summary: state, run, trainer version, replicas, warnings, evaluations
-        (``public``: the public message, and warnings without file details)."""
+        """A short Markdown summary: state, run, trainer version, the adapter of an adapter run
+        (:func:`describe_adapter`), replicas, warnings, evaluations (``public``: the public
+        message, warnings without file details, and no base model path)."""
         lines = [f"**{self.state.upper()}**: {self.public if public else self.message}"]
         if self.run_id is not None:
             age = self.read_at - self.trainer_published_at if self.trainer_published_at else None
             age_txt = f", published {age:.0f} s ago" if age is not None else ""
             lines.append(
-                f"run `{self.run_id}` · trainer version **{self.trainer_version}**{age_txt}"
+                f"run `{self.run_id}` · trainer {version_noun(self.adapter)} "
+                f"**{self.trainer_version}**{age_txt}"
             )
+        if self.adapter is not None:
+            lines.append(describe_adapter(self.adapter, public))
         status = self.frame("status")
         if len(status):
             flagged = status[~status["health"].isin(["ok", "starting", "stopped"])]

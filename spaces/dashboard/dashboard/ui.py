@@ -8,7 +8,12 @@ bucket is read at most once per ``refresh_s / 2``, and less often while nothing 
 ``/refresh`` (every output of the page).
 
 Public pages show no bucket URI, local path or exception text: the state's public line (e.g.
-"bucket unreadable: token lacks access") and each replica's error kind only. Uploads are capped
+"bucket unreadable: token lacks access") and each replica's error kind only.
+
+An adapter run (``Snapshot.adapter``) is named in the summary ("LoRA adapter r=8, alpha 16 on
+...", the base model left out when it is a path), and its plots and status table say "adapter
+version" and "adapter bytes" (``ADAPTER_LABELS``, ``ADAPTER_STATUS_COLUMNS``); a full-weight run's
+page is the page as built. Uploads are capped
 at 1 KB (the dashboard takes none).
 """
 
@@ -26,7 +31,7 @@ import pandas as pd
 from .config import DashboardConfig
 from .data import BucketReader
 from .problems import public_error
-from .snapshot import Snapshot
+from .snapshot import Snapshot, public_adapter
 
 log = logging.getLogger("dashboard")
 
@@ -91,6 +96,52 @@ X_AXES = {
     "version": {"x_title": "version"},
 }
 PLOT_HEIGHT = 260
+# What an adapter run's plots say instead of ``PLOTS``' and ``X_AXES``' labels (elem_id -> Gradio's
+# title / y_title / x_title): its versions, bytes and lag are the adapter's, and its replicas load
+# each version without pausing. Plots not named here read the same in both kinds of run.
+# fmt: off
+ADAPTER_LABELS = {
+    "plot-versions": {"title": "Held adapter version vs trainer adapter version", "y_title": "adapter version"},
+    "plot-lag-versions": {"title": "Lag (adapter versions)", "y_title": "adapter versions behind"},
+    "plot-lag-seconds": {"title": "Adapter lag (seconds)", "y_title": "seconds behind newest adapter publish"},
+    "plot-payload": {"title": "Adapter bytes per adapter version (anchors marked)", "y_title": "adapter MB (10^6 bytes)", "x_title": "adapter version"},
+    "plot-density": {"title": "Adapter delta density", "y_title": "changed adapter elements (%)", "x_title": "adapter version"},
+    "plot-paused": {"title": "Paused window per adapter sync (an adapter load does not pause)"},
+    "plot-phases": {"title": "Fetch / decode / apply (adapter load) per adapter sync"},
+    "plot-lag-seconds-main": {"title": "Adapter sync lag (seconds)", "y_title": "seconds behind newest adapter publish"},
+}
+# fmt: on
+# The status table's columns as an adapter run's page names them (the /status API keeps the names).
+ADAPTER_STATUS_COLUMNS = {
+    "held_version": "held_adapter_version",
+    "trainer_version": "trainer_adapter_version",
+    "lag_versions": "lag_adapter_versions",
+}
+# Status columns shown as whole numbers, under either name.
+WHOLE_COLUMNS = ["held_version", "trainer_version", "lag_versions", "errors"]
+WHOLE_COLUMNS += [ADAPTER_STATUS_COLUMNS[c] for c in WHOLE_COLUMNS[:3]]
+
+
+def plot_labels(spec: PlotSpec, adapter: bool) -> dict[str, str]:
+    """The ``title``, ``y_title`` and ``x_title`` that ``spec``'s plot shows: as built for a
+    full-weight run, with ``ADAPTER_LABELS`` for an adapter run (``adapter``)."""
+    labels = {"title": spec.title, "y_title": spec.y_title, "x_title": X_AXES[spec.x]["x_title"]}
+    if adapter:
+        labels.update(ADAPTER_LABELS.get(spec.elem_id, {}))
+    return labels
+
+
+def status_label(stalled_after_s: float, adapter: bool) -> str:
+    """The status table's label: what lag means and when a replica is STALLED."""
+    if adapter:
+        return (
+            "Replicas serving the adapter (lag = trainer adapter version − replica adapter "
+            f"version; STALLED: heartbeat older than {stalled_after_s:.0f} s)"
+        )
+    return (
+        "Replicas (lag = trainer version − replica version; STALLED: heartbeat older "
+        f"than {stalled_after_s:.0f} s)"
+    )
 
 
 class SharedReader:
@@ -122,13 +173,15 @@ def _jsonable(df: pd.DataFrame) -> list[dict]:
 
 
 def status_payload(snap: Snapshot) -> dict:
-    """The ``/status`` answer: state, public message, run, trainer version and one dict per
-    replica (its error kind only: no paths, URIs or exception text)."""
+    """The ``/status`` answer: state, public message, run, trainer version, the adapter of an
+    adapter run (``snapshot.public_adapter``: no base model path; None for full weights) and one
+    dict per replica (its error kind only: no paths, URIs or exception text)."""
     return {
         "state": snap.state,
         "message": snap.public,
         "run_id": snap.run_id,
         "trainer_version": snap.trainer_version,
+        "adapter": public_adapter(snap.adapter),
         "read_at": snap.read_at,
         "warnings": len(snap.warnings),
         "replicas": _jsonable(public_status(snap.frame("status"))),
@@ -152,7 +205,7 @@ def _styled_status(df: pd.DataFrame):
         bad = "STALLED" in row["health"] or "FAILING" in row["health"]
         return [FLAG_STYLE if bad else ""] * len(row)
 
-    whole = ["held_version", "trainer_version", "lag_versions", "errors"]
+    whole = [c for c in WHOLE_COLUMNS if c in df.columns]
     return (
         df.style.apply(row_style, axis=1)
         .format(precision=1, na_rep="")
@@ -169,8 +222,15 @@ def _color_of(category: str, replicas: list[str]) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
-def plot_update(df: pd.DataFrame, color: str | None, replicas: list[str], seen: dict):
-    """A plot's new value, with a ``color_map`` of the categories present.
+def plot_update(
+    df: pd.DataFrame,
+    color: str | None,
+    replicas: list[str],
+    seen: dict,
+    labels: dict[str, str] | None = None,
+):
+    """A plot's new value, with a ``color_map`` of the categories present, and its labels when
+    they differ from those the page shows.
 
     Gradio's native plots fix their color domain when they build the chart, and rebuild only when
     a setting such as ``color_map`` changes, not on new data; a rebuild triggered together with
@@ -179,19 +239,27 @@ def plot_update(df: pd.DataFrame, color: str | None, replicas: list[str], seen: 
     carries a generation key (``~gen``) that changes when the set of categories changes and once
     more on the next refresh, which rebuilds the chart on data that has them all; otherwise the
     map stays the same and new data only updates the chart. It also keeps each replica's color
-    the same in every plot.
+    the same in every plot. New labels (an adapter run after a full-weight one, or back) rebuild
+    the chart too, so they count as a change of categories.
 
     Args:
         df: the plot's frame.
         color: the plot's color column (None: no color, the frame is returned as it is).
         replicas: every replica id, sorted (their palette order).
         seen: this page's state for this plot, updated in place: ``cats`` (the categories last
-            sent), ``gen`` (the generation) and ``settle`` (rebuild once more next refresh).
+            sent), ``gen`` (the generation), ``settle`` (rebuild once more next refresh) and
+            ``labels`` (the labels the page shows; absent: as built).
+        labels: the ``title``, ``y_title`` and ``x_title`` the plot must show (``plot_labels``);
+            None: leave them as they are.
     """
+    relabel = labels is not None and labels != seen.get("labels")
+    if relabel:
+        seen["labels"] = labels
+    new_labels = labels if relabel else {}
     if color is None:
-        return df
+        return gr.update(value=df, **new_labels) if relabel else df
     cats = sorted(str(c) for c in df[color].dropna().unique())
-    if cats != seen.get("cats"):
+    if cats != seen.get("cats") or relabel:
         seen["cats"], seen["settle"] = cats, True
         seen["gen"] = seen.get("gen", 0) + 1
     elif seen.get("settle"):
@@ -199,7 +267,7 @@ def plot_update(df: pd.DataFrame, color: str | None, replicas: list[str], seen: 
         seen["gen"] += 1
     cmap = {c: _color_of(c, replicas) for c in cats}
     cmap["~gen"] = str(seen["gen"])  # never a category: only makes the map differ
-    return gr.update(value=df, color_map=cmap)
+    return gr.update(value=df, color_map=cmap, **new_labels)
 
 
 def _plot(spec: PlotSpec) -> gr.LinePlot | gr.BarPlot | gr.ScatterPlot:
@@ -230,8 +298,7 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
         gr.Markdown("## deltasync: sync lag and training")
         summary = gr.Markdown("reading the bucket…", elem_id="summary")
         status = gr.Dataframe(
-            label="Replicas (lag = trainer version − replica version; STALLED: heartbeat older "
-            f"than {config.stalled_after_s:.0f} s)",
+            label=status_label(config.stalled_after_s, adapter=False),
             interactive=False,
             elem_id="status-table",
             wrap=True,
@@ -249,12 +316,21 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
             seen["snap"] = key
             known = set(snap.frame("versions").series) | set(snap.frame("status").replica)
             replicas = sorted(known - {"trainer"})
+            adapter = snap.adapter is not None
             status_df = public_status(snap.frame("status"))
-            out = [snap.markdown(public=True), _styled_status(status_df)]
-            out += [
-                plot_update(snap.frame(spec.frame), spec.color, replicas, seen.setdefault(i, {}))
-                for i, spec in enumerate(PLOTS)
-            ]
+            if adapter:
+                status_df = status_df.rename(columns=ADAPTER_STATUS_COLUMNS)
+            table = _styled_status(status_df)
+            label = status_label(config.stalled_after_s, adapter)
+            if label != seen.get("table_label", status_label(config.stalled_after_s, False)):
+                seen["table_label"] = label
+                table = gr.update(value=table, label=label)
+            out = [snap.markdown(public=True), table]
+            for i, spec in enumerate(PLOTS):
+                mine = seen.setdefault(i, {"labels": plot_labels(spec, adapter=False)})
+                labels = plot_labels(spec, adapter)
+                frame = snap.frame(spec.frame)
+                out.append(plot_update(frame, spec.color, replicas, mine, labels))
             return (*out, seen)
 
         outputs = [summary, status, *plots, seen]
