@@ -8,7 +8,10 @@ the status table, and the same page must update on its ``gr.Timer`` as new versi
 Then one dashboard on a run root prepared with one fault after another (a file instead of a
 folder, a manifest that does not parse, a heartbeat that does not parse): each page load must name
 the fault ("the run root is not a folder", "invalid manifest", "the heartbeat of replica broken
-does not parse") and show no filesystem path. One Chromium serves the whole module."""
+does not parse") and show no filesystem path; the same root then holds an adapter run, whose page
+must name the adapter ("LoRA adapter r=4, alpha 8", "trainer adapter version", plots titled for
+adapter versions and bytes) without its base model's local folder. One Chromium serves the whole
+module."""
 
 from __future__ import annotations
 
@@ -79,6 +82,10 @@ PROBE = """(() => {
     .map(tr => [...tr.querySelectorAll('[role="gridcell"]')].map(td => td.textContent.trim()));
   return {summary: document.querySelector('#summary')?.innerText ?? '', plots, rows};
 })()"""
+# Each plot's title and axis titles as drawn (vega SVG): {elem_id: "title | x title | y title"}.
+TITLES = """Object.fromEntries([...document.querySelectorAll('[id^="plot-"]')].map(el => [el.id,
+  [...el.querySelectorAll('g.role-title text, g.role-axis-title text')].map(t => t.textContent)
+    .join(' | ')]))"""
 
 if CHROMIUM is None:
     pytest.skip(
@@ -318,11 +325,13 @@ def test_dashboard_renders_and_updates_in_chromium(tmp_path, run_recorder, page)
     assert ARTIFACT.stat().st_size > 10_000
 
 
-def test_public_page_names_each_fault(tmp_path, recorded_bucket, page):
+def test_public_page_names_each_fault(tmp_path, recorded_bucket, adapter_bucket, page):
     root = tmp_path / "run-root-with-faults"
     root.write_text("a file where the run's folder should be")
-    # what must never reach the page: the folders, the file names, the parsers' words
+    # what must never reach the page: the folders, the file names, the parsers' words, the adapter
+    # run's base model folder (tmp_path / BASE_DIR)
     hidden = [str(tmp_path), root.name, "replicas/", ".json", "Invalid JSON", "validation error"]
+    hidden.append("qwen3-base")
 
     def shows(url: str, message: str) -> str:
         """Load the page afresh and wait for ``message`` in its summary; returns the page text."""
@@ -353,3 +362,19 @@ def test_public_page_names_each_fault(tmp_path, recorded_bucket, page):
         (root / "replicas" / "broken.json").write_text('{"replica_id": "broken"}')
         text = shows(url, "the heartbeat of replica broken does not parse")
         assert "OK" in text and "trainer version" in text
+
+        shutil.rmtree(root)  # an adapter run, its base model recorded as a local folder
+        shutil.copytree(adapter_bucket[0], root)
+        text = shows(url, "LoRA adapter r=4, alpha 8 (base ")
+        assert "trainer adapter version 5" in text and "Replicas serving the adapter" in text
+        last = {}
+
+        def relabelled():
+            last.update(page.evaluate(TITLES) or {})
+            return "Adapter bytes per adapter version" in last.get("plot-payload", "") and last
+
+        titles = _wait(relabelled, 30, "the plots' adapter titles", lambda: last)
+        assert "adapter version" in titles["plot-payload"]  # the x axis
+        assert "Held adapter version vs trainer adapter version" in titles["plot-versions"]
+        assert "Reward per step" in titles["plot-reward"]  # not about versions: as for weights
+        assert "held_adapter_version" in page.evaluate("document.body.innerText")
