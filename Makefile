@@ -109,9 +109,9 @@ train: setup
 eval: setup
 	$(PY) -m trainer.task.evaluate --run "$(or $(RUN),wordle-local)" --seeds "$(or $(SEEDS),900000:128)"
 
-# make e2e: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/local/e2e.py)
+# make e2e [ADAPTER=lora]: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/local/e2e.py)
 e2e: setup
-	$(PY) -m trainer.local.e2e $(E2E_ARGS)
+	ADAPTER="$(ADAPTER)" $(PY) -m trainer.local.e2e $(E2E_ARGS)
 
 # make dashboard [BUCKET=user/run | a folder | hf://... ]   the sync-lag dashboard (Gradio)
 DASHBOARD_PORT ?= 7860

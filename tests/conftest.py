@@ -7,14 +7,17 @@ import importlib.util
 import pytest
 
 NO_GPU_REASON = "no CUDA GPU: torch.cuda.is_available() is False"
+_ORDER = {"tests/e2e/test_e2e_short.py": 0, "tests/e2e/test_train_nproc.py": 2}
+# The warm start the end-to-end tests train from (their --warm-start-games / --warm-start-epochs)
+E2E_WARM_START = {"warm_start_games": 1000, "warm_start_epochs": 3}
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: torch is imported only if a gpu test runs
 def pytest_collection_modifyitems(config, items):
-    # The end-to-end module (tests/e2e, the suite's longest: a warm start, then two local runs)
-    # goes first, so that under make test's workers (pytest-xdist, one module per worker) it
-    # starts at once on one worker while the other modules share the rest; its order stays.
-    items.sort(key=lambda item: "tests/e2e/" not in item.nodeid)
+    # make test's workers (pytest-xdist) take one module at a time in this order: the longest,
+    # the short e2e run (it builds the shared warm start first), starts at once on one worker
+    # while the other takes the rest, and the NPROC run (which reuses that warm start) comes last.
+    items.sort(key=lambda item: _ORDER.get(item.nodeid.split("::")[0], 1))
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
@@ -32,7 +35,20 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def warm_start_cache(tmp_path_factory):
-    """One warm-start cache folder for the session: the end-to-end tests that train the local
-    model with the same warm-start settings build it once (``trainer.task.warm_start`` keys its
-    cache by every input, so a test with other settings builds its own)."""
-    return str(tmp_path_factory.mktemp("warm-start-cache"))
+    """The warm-start cache folder of the end-to-end tests, with their warm start
+    (``E2E_WARM_START``) built in it once for the whole run: the folder is shared by make test's
+    workers, and a file lock makes the second worker wait for the first one's build instead of
+    building it again (``trainer.task.warm_start`` keys its cache by every input, so a run with
+    these settings finds it there)."""
+    from filelock import FileLock
+
+    from trainer.config import TrainConfig
+    from trainer.start_model import initial_model
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if base.name.startswith("popen-gw") else base  # pytest-xdist workers
+    cache = shared / "warm-start-cache"
+    cache.mkdir(exist_ok=True)
+    with FileLock(str(shared / "warm-start-cache.lock")):
+        initial_model(TrainConfig(cache_dir=str(cache), **E2E_WARM_START))
+    return str(cache)

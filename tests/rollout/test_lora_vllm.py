@@ -29,7 +29,7 @@ from rollout.lora import AdapterTarget
 from rollout.server import VERSION_HEADER, create_app
 from rollout.sync_loop import SyncLoop
 
-from .conftest import STARTUP_TIMEOUT_S, VLLMServer, free_port
+from .conftest import STARTUP_TIMEOUT_S, VLLM_TEST_ARGS, VLLMServer, free_port, vllm_test_env
 from .lora_helpers import LoraTrainer, read_folder_bits, set_manifest_base
 from .rollout_helpers import PROMPTS, corrupt_payload, generate
 
@@ -49,10 +49,15 @@ def lora_server(tiny_model_dir, tmp_path_factory):
 
     port = free_port()
     log_path = str(tmp_path_factory.mktemp("vllm-lora") / "vllm.log")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    extra = ["--enforce-eager", "--max-num-seqs", "8"]
+    extra = [*VLLM_TEST_ARGS, "--max-num-seqs", "8"]
     proc = start_vllm(
-        tiny_model_dir, port, log_path, env=env, max_model_len=512, extra_args=extra, lora=(8, 4)
+        tiny_model_dir,
+        port,
+        log_path,
+        env=vllm_test_env(),
+        max_model_len=512,
+        extra_args=extra,
+        lora=(8, 4),
     )
     url = f"http://127.0.0.1:{port}"
     try:

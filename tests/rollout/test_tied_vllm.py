@@ -9,11 +9,10 @@ session's shared server: about a minute more on the 2-core machine.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 
-from .conftest import STARTUP_TIMEOUT_S, free_port
+from .conftest import STARTUP_TIMEOUT_S, VLLM_TEST_ARGS, free_port, vllm_test_env
 from .rollout_helpers import PROMPTS, Trainer, generate
 
 pytestmark = pytest.mark.slow
@@ -31,10 +30,8 @@ def test_tied_lm_head_follows_embedding_deltas(tmp_path):
 
     model = make_tiny_qwen3(str(tmp_path / "tied"), seed=1, tie_word_embeddings=True)
     port, log_path = free_port(), str(tmp_path / "vllm.log")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    proc = start_vllm(
-        model, port, log_path, env=env, max_model_len=512, extra_args=["--enforce-eager"]
-    )
+    env = vllm_test_env()
+    proc = start_vllm(model, port, log_path, env=env, max_model_len=512, extra_args=VLLM_TEST_ARGS)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, STARTUP_TIMEOUT_S)
@@ -67,7 +64,7 @@ def test_tied_lm_head_follows_embedding_deltas(tmp_path):
         log_path,
         env=env,
         max_model_len=512,
-        extra_args=["--enforce-eager"],
+        extra_args=VLLM_TEST_ARGS,
         served_model_name=model,
     )
     try:

@@ -355,13 +355,30 @@ def main() -> None:
     p.add_argument("--min-share", type=float, default=MIN_SHARE)
     p.add_argument("--runs-root", default="runs")
     p.add_argument("--run-id", default="e2e")
+    p.add_argument(
+        "--adapter",
+        default=os.environ.get("ADAPTER") or None,
+        choices=["lora"],
+        help="train a LoRA adapter instead of full weights (ADAPTER=lora): the same journey",
+    )
+    p.add_argument(
+        "--model", default=None, help="the model to start from (default: the warm-started tiny one)"
+    )
     a = p.parse_args()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     processes.quiet_libraries()
+    overrides = {k: v for k, v in (("adapter", a.adapter), ("model", a.model)) if v is not None}
     report = run_e2e(
-        a.steps, a.anchor_every, a.late_at, a.kill_at, a.runs_root, a.run_id, min_share=a.min_share
+        a.steps,
+        a.anchor_every,
+        a.late_at,
+        a.kill_at,
+        a.runs_root,
+        a.run_id,
+        min_share=a.min_share,
+        **overrides,
     )
     print(json.dumps(report, indent=1))
 
