@@ -24,9 +24,10 @@ STAMP := $(VENV)/.deltasync-setup$(if $(filter 1,$(GPU)),-gpu)
 TORCH_GPU := $(if $(TORCH_CUDA_INDEX),"torch==$(TORCH_VERSION)" --extra-index-url $(TORCH_CUDA_INDEX),"torch===$(TORCH_VERSION)")
 PYTEST_ARGS ?=
 # make test runs the suite on this many worker processes (pytest-xdist), one test module per worker
-# at a time (--dist loadscope), so that a module's shared servers start once; 0: in this process.
+# at a time in collection order (tests/conftest.py puts the e2e run first), so that a module's shared
+# servers start once; 0: in this process.
 TEST_WORKERS ?= 2
-PYTEST_DIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+PYTEST_DIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 .PHONY: setup test test-fast test-gpu lint format bench train eval e2e dashboard spaces spaces-down clean
 
