@@ -8,8 +8,9 @@ import pytest
 
 NO_GPU_REASON = "no CUDA GPU: torch.cuda.is_available() is False"
 _ORDER = {"tests/e2e/test_e2e_short.py": 0, "tests/e2e/test_train_nproc.py": 2}
-# The warm start the end-to-end tests train from (their --warm-start-games / --warm-start-epochs)
-E2E_WARM_START = {"warm_start_games": 1000, "warm_start_epochs": 3}
+# The warm start the end-to-end tests train from: enough for the tiny model to play well-formed
+# games (3 epochs; 1 epoch was not), far less than make train's default.
+E2E_WARM_START = {"warm_start_games": 500, "warm_start_epochs": 3}
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: torch is imported only if a gpu test runs
@@ -34,12 +35,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def warm_start_cache(tmp_path_factory):
-    """The warm-start cache folder of the end-to-end tests, with their warm start
-    (``E2E_WARM_START``) built in it once for the whole run: the folder is shared by make test's
-    workers, and a file lock makes the second worker wait for the first one's build instead of
-    building it again (``trainer.task.warm_start`` keys its cache by every input, so a run with
-    these settings finds it there)."""
+def e2e_warm_start(tmp_path_factory) -> dict:
+    """The ``TrainConfig`` fields of the end-to-end tests' warm start (``E2E_WARM_START`` and
+    ``cache_dir``), built once for the whole run in a cache folder shared by make test's workers;
+    a file lock makes the second worker wait for the first one's build instead of building it
+    again (``trainer.task.warm_start`` keys its cache by every input, so a run with these fields
+    finds it there)."""
     from filelock import FileLock
 
     from trainer.config import TrainConfig
@@ -51,4 +52,4 @@ def warm_start_cache(tmp_path_factory):
     cache.mkdir(exist_ok=True)
     with FileLock(str(shared / "warm-start-cache.lock")):
         initial_model(TrainConfig(cache_dir=str(cache), **E2E_WARM_START))
-    return str(cache)
+    return {**E2E_WARM_START, "cache_dir": str(cache)}

@@ -47,7 +47,9 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         base_model, warm_start_s = initial_model(cfg)
         stack.start(resume_point(cfg, stack.store, base_model), publisher_hook)
         steps_log = os.path.join(stack.logs_dir, "steps.jsonl")
-        metrics_cb = BucketMetricsCallback(stack.store, cfg.run_id, stack.publisher, steps_log)
+        metrics_cb = BucketMetricsCallback(
+            stack.store, cfg.run_id, stack.publisher, log_path=steps_log
+        )
         evals = HeldOutEvals(cfg, stack, metrics_cb)
         ranks.share_model_path(stack.model_path)  # the other ranks build their trainers now
         trainer, _, tagger = build_trainer(

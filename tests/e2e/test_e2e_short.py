@@ -7,6 +7,8 @@ trainer's final bf16 weights, the corruption is reported and recovered from, and
 model really plays Wordle (tool calls reach the server, in training and in the evaluation through
 the replica)."""
 
+import json
+
 import pytest
 
 from deltasync.manifest import MANIFEST_PATH, Manifest
@@ -18,16 +20,14 @@ STEPS = 7
 
 
 @pytest.mark.slow
-def test_e2e_short(tmp_path, warm_start_cache):
+def test_e2e_short(tmp_path, e2e_warm_start):
     report = run_e2e(
         steps=STEPS,
         anchor_every=3,
         late_at=1,
         kill_at=3,
         runs_root=str(tmp_path),
-        warm_start_games=1000,
-        warm_start_epochs=3,
-        cache_dir=warm_start_cache,
+        **e2e_warm_start,
         eval_episodes=8,
     )
     store = Store(str(tmp_path / "e2e" / "bucket"))
@@ -35,6 +35,9 @@ def test_e2e_short(tmp_path, warm_start_cache):
     # training ran the planned steps, and on until the fault plan was complete
     assert STEPS <= report["steps"] <= report["steps_ceiling"]
     assert [s.step for s in metrics.steps] == list(range(1, report["steps"] + 1))
+    # and the per-step log a user reads (runs/<run>/logs/steps.jsonl): one line per step
+    steps_log = (tmp_path / "e2e" / "logs" / "steps.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in steps_log] == list(range(1, report["steps"] + 1))
     assert all(s.reward is not None and s.loss is not None for s in metrics.steps)
     versions = [s.version for s in metrics.steps]
     assert versions == sorted(versions) and versions[-1] > versions[0]  # one publish per step

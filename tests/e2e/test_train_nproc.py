@@ -14,20 +14,13 @@ NPROC_STEPS = 2
 
 
 @pytest.mark.slow
-def test_two_trainer_processes_publish_one_version_per_step(tmp_path, warm_start_cache):
+def test_two_trainer_processes_publish_one_version_per_step(tmp_path, e2e_warm_start):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cmd += ["-m", "trainer", "--max-steps", str(NPROC_STEPS), "--runs-root", str(tmp_path)]
-    cmd += ["--run-id", "np2", "--warm-start-games", "1000", "--warm-start-epochs", "3"]
-    cmd += [
-        "--cache-dir",
-        warm_start_cache,
-        "--eval-episodes",
-        "4",
-        "--dashboard",
-        "false",
-        "--token-budget",
-        "4096",
-    ]
+    cmd += ["--run-id", "np2", "--eval-episodes", "4", "--dashboard", "false"]
+    cmd += ["--token-budget", "4096"]
+    for field, value in e2e_warm_start.items():  # the session's warm start, already built
+        cmd += ["--" + field.replace("_", "-"), str(value)]
     env = {k: v for k, v in os.environ.items() if k not in ("BUCKET", "VLLM_URL", "ENV_URL")}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     out = proc.stdout[-3000:] + proc.stderr[:4000] + proc.stderr[-3000:]

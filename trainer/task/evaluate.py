@@ -143,6 +143,34 @@ def served_model(replica_url: str, headers: dict | None = None) -> str:
     return r.json()["data"][0]["id"]
 
 
+# Attempts of one evaluation request when the connection itself fails (the request is
+# idempotent: the same seed samples the same tokens).
+POST_ATTEMPTS = 3
+
+
+def _post(http: httpx.Client, url: str, payload: dict) -> httpx.Response:
+    """POST ``payload``; a broken connection (``httpx.TransportError``) is retried on a new one,
+    up to ``POST_ATTEMPTS`` in all. Seen once at the end of a run: TRL's rollout worker child was
+    terminated (it had not exited in 15 s) and a socket of this process read EBADF.
+
+    Raises:
+        EvalError: every attempt failed; the last transport error is its cause.
+    """
+    for attempt in range(1, POST_ATTEMPTS + 1):
+        try:
+            return http.post(url, json=payload)
+        except httpx.TransportError as e:
+            if attempt == POST_ATTEMPTS:
+                raise EvalError(
+                    f"expected an answer from {url}, found {POST_ATTEMPTS} broken connections "
+                    f"({type(e).__name__}: {e}); check that the replica (or the router) is up"
+                ) from e
+            log.warning(
+                "evaluation request to %s failed (%s: %s); retrying", url, type(e).__name__, e
+            )
+    raise AssertionError("unreachable")
+
+
 def play_episode(
     http: httpx.Client,
     replica_url: str,
@@ -190,7 +218,7 @@ def play_episode(
                 "return_token_ids": True,
                 "seed": seed * 16 + turns,
             }
-            r = http.post(f"{replica_url}/v1/completions", json=payload)
+            r = _post(http, f"{replica_url}/v1/completions", payload)
             if r.status_code != 200:
                 raise EvalError(f"replica answered {r.status_code}: {r.text[:200]}")
             out_ids = r.json()["choices"][0].get("token_ids") or []
