@@ -298,3 +298,28 @@ def test_each_sample_is_tagged_with_the_oldest_version_that_answered_it(replicas
     got = [tagger.rollout_buffer.get(timeout=1).model_version for _ in cases]
     assert got == [want for _, want in cases]
     assert tagger.per_sample_tags == len(cases) - 1  # the unknown sample keeps its group's tag
+
+
+def test_a_client_that_disconnects_mid_body_is_logged_and_the_router_serves_on(
+    fleet, replicas, caplog
+):
+    """A raw socket announces a 1,000-byte body, sends 10 bytes and closes: nothing is
+    forwarded, the router logs one line (no traceback), and the next request is answered."""
+    import socket
+
+    (a,) = replicas(1)
+    _, url = fleet([a.url])
+    host, port = url.removeprefix("http://").split(":")
+    caplog.set_level(logging.INFO, logger="trainer.fleet")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b'{"model":"'
+        )
+    deadline = time.monotonic() + 10
+    while "disconnected before its request arrived" not in caplog.text:
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.05)
+    assert a.requests == 0
+    r = httpx.post(f"{url}/v1/completions", json=BODY, timeout=30)
+    assert r.status_code == 200 and a.requests == 1

@@ -19,13 +19,14 @@ def reference(q, k, v, scale):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-@pytest.mark.parametrize("segments", [[(5, 5)], [(3, 7), (4, 4), (1, 6)]])
+@pytest.mark.parametrize("segments", [[(5, 5)], [(3, 7), (4, 4), (0, 2), (1, 6)]])
 def test_cpu_varlen_attention_matches_reference(segments):
+    """Outputs and the gradients of q, k and v both match (the step trains through it)."""
     torch.manual_seed(0)
     h, hkv, d, scale = 4, 2, 8, 0.3
-    qs = [torch.randn(lq, h, d) for lq, _ in segments]
-    ks = [torch.randn(lk, hkv, d) for _, lk in segments]
-    vs = [torch.randn(lk, hkv, d) for _, lk in segments]
+    qs = [torch.randn(lq, h, d, requires_grad=True) for lq, _ in segments]
+    ks = [torch.randn(lk, hkv, d, requires_grad=True) for _, lk in segments]
+    vs = [torch.randn(lk, hkv, d, requires_grad=True) for _, lk in segments]
     cu_q = torch.tensor([0] + [sum(s[0] for s in segments[: i + 1]) for i in range(len(segments))])
     cu_k = torch.tensor([0] + [sum(s[1] for s in segments[: i + 1]) for i in range(len(segments))])
     out = trl_compat._CpuFlashAttn.flash_attn_varlen_func(
@@ -33,6 +34,12 @@ def test_cpu_varlen_attention_matches_reference(segments):
     )
     want = torch.cat([reference(q, k, v, scale) for q, k, v in zip(qs, ks, vs, strict=True)])
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    weights = torch.randn_like(out)
+    leaves = qs + ks + vs
+    got = torch.autograd.grad((out * weights).sum(), leaves)
+    expected = torch.autograd.grad((want * weights).sum(), leaves)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
 def test_apply_patches_trl_on_cpu():

@@ -12,12 +12,12 @@ back instead of waited on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
 import time
-
-import httpx
+from dataclasses import dataclass
 
 from trainer.fleet.affinity import EpisodeAffinity
 from trainer.fleet.pool import ReplicaPool
@@ -37,6 +37,19 @@ _HOP_HEADERS = {
     "content-encoding",
     "authorization",
 }
+
+
+@dataclass
+class _Answer:
+    """A replica's answer, read whole: status, headers (case as sent), body bytes."""
+
+    status_code: int
+    headers: list[tuple[str, str]]
+    content: bytes
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        return next((v for k, v in self.headers if k.lower() == name), None)
 
 
 class FleetRouter:
@@ -68,36 +81,60 @@ class FleetRouter:
         self.affinity = EpisodeAffinity()
 
     def _remember_turn(
-        self, prompt: list[int], resp: httpx.Response, url: str, version: int | None
+        self, prompt: list[int], resp: _Answer, url: str, version: int | None
     ) -> None:
         """After an answer: remember its replica (for the episode's next turn) and the version
         that generated it (for the sample's staleness)."""
         try:
-            choices = resp.json().get("choices") or []
-        except ValueError:  # not JSON: nothing to remember, the answer goes back as it is
+            choices = json.loads(resp.content).get("choices") or []
+        except (ValueError, AttributeError):  # not a JSON object: the answer goes back as it is
             return
         if len(choices) == 1 and isinstance(choices[0].get("token_ids"), list):
             self.affinity.remember(prompt, choices[0]["token_ids"], url, version)
 
     def app(self):
         """The ASGI app (Starlette)."""
+        import aiohttp
         from starlette.applications import Starlette
-        from starlette.requests import Request
+        from starlette.requests import ClientDisconnect, Request
         from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
 
-        clients: dict[str, httpx.AsyncClient] = {}
+        sessions: dict[str, aiohttp.ClientSession] = {}
 
-        def http(url: str) -> httpx.AsyncClient:
-            """One client (connection pool) per replica: httpcore's pool does work per request
-            that grows with its connections, which one shared pool made the bottleneck at 64
-            requests in flight (bench/bench_fleet.py, N = 16: 138 req/s shared)."""
-            if url not in clients:
-                clients[url] = httpx.AsyncClient(
-                    timeout=httpx.Timeout(self.request_timeout_s, connect=5.0),
-                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        def http(url: str) -> aiohttp.ClientSession:
+            """One aiohttp session (connection pool) per replica, made on the server's event
+            loop. httpx's pool did work per request that grows with its open connections: with
+            TRL's 64 episodes in flight the router took 0.9 of a core of the trainer process
+            (py-spy: ``is_idle`` and ``is_socket_readable`` over every connection) and held the
+            GIL the training step needs (docs/BENCHMARKS.md section 6)."""
+            if url not in sessions:
+                sessions[url] = aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, connect=5.0),
+                    connector=aiohttp.TCPConnector(limit=0),  # as many as are in flight
+                    auto_decompress=False,  # bytes pass through as the replica sent them
+                    skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
                 )
-            return clients[url]
+            return sessions[url]
+
+        async def forward(r_url: str, request: Request, path: str, body: bytes, headers: dict):
+            async with http(r_url).request(
+                request.method,
+                r_url + path,
+                data=body,
+                headers=headers,
+                params=list(request.query_params.multi_items()),
+                allow_redirects=False,
+            ) as resp:
+                content = await resp.read()
+                return _Answer(resp.status, list(resp.headers.items()), content)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_app):
+            yield
+            for session in sessions.values():  # closed on the loop that made them
+                await session.close()
+            sessions.clear()
 
         async def health(request: Request) -> Response:
             serving = any(r["state"] == "serving" for r in self.pool.snapshot())
@@ -107,7 +144,11 @@ class FleetRouter:
             )
 
         async def proxy(request: Request) -> Response:
-            body = await request.body()
+            try:
+                body = await request.body()
+            except ClientDisconnect:  # the client went away mid-request: nothing to forward
+                log.info("a client disconnected before its request arrived: %s", request.url.path)
+                return Response(status_code=400)
             path = request.url.path
             prompt = _token_prompt(path, body)
             prefer = self.affinity.replica_for(prompt) if prompt else None
@@ -115,7 +156,7 @@ class FleetRouter:
             t0 = time.monotonic()
             last_log = t0
             tried: set[str] = set()
-            answered: httpx.Response | None = None  # a 5xx other than 503 from a live replica
+            answered: _Answer | None = None  # a 5xx other than 503 from a live replica
             while True:
                 r = self.pool.acquire(tried, prefer)
                 if r is None and answered is not None:
@@ -141,14 +182,10 @@ class FleetRouter:
                     tried.clear()  # every replica may be tried again once one changes
                     continue
                 try:
-                    resp = await http(r.url).request(
-                        request.method,
-                        r.url + path,
-                        content=body,
-                        headers={**headers, **self.pool.headers_for(r.url)},
-                        params=request.query_params,
+                    resp = await forward(
+                        r.url, request, path, body, {**headers, **self.pool.headers_for(r.url)}
                     )
-                except httpx.HTTPError as e:  # refused, reset, timed out: the replica is down
+                except (aiohttp.ClientError, TimeoutError) as e:  # refused, reset, timed out
                     self.pool.release(r, f"{type(e).__name__} on {path}")
                     tried.add(r.url)
                     continue
@@ -160,7 +197,7 @@ class FleetRouter:
                     self.pool.release(r, None, count_failure=True)
                     answered = resp
                     continue
-                header = resp.headers.get(VERSION_HEADER)
+                header = resp.header(VERSION_HEADER)
                 version = int(header) if header and header.isdigit() else None
                 self.pool.release(r, None, version)
                 if prompt and resp.status_code == 200:
@@ -173,7 +210,8 @@ class FleetRouter:
             routes=[
                 Route("/health", health, methods=["GET"]),
                 Route("/v1/{rest:path}", proxy, methods=["GET", "POST"]),
-            ]
+            ],
+            lifespan=lifespan,
         )
 
     def start(self, port: int) -> str:
@@ -215,11 +253,11 @@ def _token_prompt(path: str, body: bytes) -> list[int] | None:
     return None
 
 
-def _response(resp: httpx.Response, replica_id: str | None):
+def _response(resp: _Answer, replica_id: str | None):
     """A replica's answer as the router's (hop-by-hop headers dropped, the replica named)."""
     from starlette.responses import Response
 
-    out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+    out = {k: v for k, v in resp.headers if k.lower() not in _HOP_HEADERS}
     if replica_id is not None:
         out[REPLICA_HEADER] = replica_id
     return Response(resp.content, resp.status_code, out)

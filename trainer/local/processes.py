@@ -25,6 +25,20 @@ ROLLOUT_DIR = os.path.join(REPO, "spaces", "vllm-rollout")
 log = logging.getLogger("trainer.local.processes")
 
 
+def cpu_threads() -> tuple[int, int]:
+    """How the cores of a machine without a GPU are shared while the trainer and its local
+    vLLM replicas run side by side: ``(trainer threads, threads per replica)``, about half each.
+
+    Each side's OpenMP threads spin while they wait, so a trainer and a replica that both take
+    every core slow each other down: on 2 cores, with 2 threads each, a GRPO step's forward and
+    backward over a 24k-token row took 12-13 s against 4.3 s alone (5.5 s on one thread), and the
+    step took 17-21 s. One thread each keeps both busy without that (docs/BENCHMARKS.md section 6).
+    """
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    replica = max(1, n // 2)
+    return max(1, n - replica), replica
+
+
 class ChildFailedError(RuntimeError):
     """A child server exited or did not become healthy in time."""
 
@@ -183,6 +197,8 @@ def start_replica(
         # held-out games took 8.7 s with it and 6.7 s without (docs/BENCHMARKS.md section 6).
         "VLLM_EXTRA_ARGS": "--enforce-eager --distributed-executor-backend uni",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # the uni executor binds no OpenMP threads: without this the replica takes every core
+        "OMP_NUM_THREADS": str(cpu_threads()[1]),
         "ROLLOUT_PUBLIC_URL": f"http://127.0.0.1:{port}",  # announced: the trainer's fleet joins it
         **(extra_env or {}),
     }
