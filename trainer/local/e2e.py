@@ -10,7 +10,8 @@ file bucket, for enough steps to cross several anchors:
   go to ``local-0`` and training goes on), and is restarted two steps later, after which it
   re-anchors, rejoins and serves again. Training goes on past the planned steps until the
   restarted replica has served and each replica has served at least 10% of the rollout requests
-  (up to a ceiling); ``make e2e`` fails when any of this did not happen while training ran;
+  (up to a ceiling in seconds: a replica's start takes a time, not a number of steps);
+  ``make e2e`` fails when any of this did not happen while training ran;
 - one delta (of a version that also carries an anchor) is corrupted in the bucket after upload and
   before its manifest commit: every replica refuses it (file digest mismatch), reports the error,
   and recovers from that version's anchor.
@@ -55,8 +56,11 @@ class Faults(TrainerCallback):
     where it has served rollouts, SIGKILL it; two steps later restart it. Training runs at least
     ``steps`` steps and then stops at the first step where the restarted replica has served
     rollouts and every replica id has served at least ``min_share`` of all the rollout requests.
-    TrainConfig's ``max_steps`` is only the ceiling: a run that reaches it without completing the
-    plan ends there, and :func:`_report` says which fault did not happen (``make e2e`` fails).
+    The ceiling is ``ceiling_s`` seconds of training (or TrainConfig's ``max_steps``): a run that
+    reaches it without completing the plan stops there, and :func:`_report` says which fault did
+    not happen (``make e2e`` fails). It is in seconds because what the plan waits for, a vLLM
+    replica starting (30 s alone on 2 cores, 85 s measured beside the rest of the test suite), and
+    its share of the requests, take time, not steps: a faster step only means more of them.
 
     Args:
         stack: the run's :class:`~trainer.stack.RunStack` (the late replica is one of its
@@ -64,11 +68,22 @@ class Faults(TrainerCallback):
         steps: the planned number of steps (the least the run trains).
         late_at, kill_at: steps (see above).
         min_share: the least share of the rollout requests each replica id must serve (0.1).
+        ceiling_s: seconds of training after which it stops even if the plan is not complete.
     """
 
-    def __init__(self, stack: RunStack, steps: int, late_at: int, kill_at: int, min_share: float):
+    def __init__(
+        self,
+        stack: RunStack,
+        steps: int,
+        late_at: int,
+        kill_at: int,
+        min_share: float,
+        ceiling_s: float,
+    ):
         self.stack = stack
         self.steps, self.late_at, self.kill_at, self.min_share = steps, late_at, kill_at, min_share
+        self.ceiling_s = ceiling_s
+        self._t_train: float | None = None
         self.replica: processes.Child | None = None
         self.events: list[dict] = []
         self.killed_step: int | None = None
@@ -119,6 +134,9 @@ class Faults(TrainerCallback):
         shares = self.shares()
         return len(shares) >= 2 and min(shares.values()) >= self.min_share
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._t_train = time.monotonic()
+
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
         if self.replica is None and step >= self.late_at:
@@ -133,6 +151,9 @@ class Faults(TrainerCallback):
             self._start(step)
         if step >= self.steps and self.plan_complete():
             self._event("plan complete, training stops", step, shares=self.shares())
+            control.should_training_stop = True
+        elif step >= self.steps and time.monotonic() - self._t_train > self.ceiling_s:
+            self._event("ceiling reached, training stops", step, shares=self.shares())
             control.should_training_stop = True
         return control
 
@@ -176,14 +197,14 @@ def run_e2e(
     run_id: str = "e2e",
     timeout_s: float = 600,
     min_share: float = MIN_SHARE,
-    max_steps_factor: int = 5,
+    ceiling_s: float = 480,
     **train_overrides,
 ) -> dict:
     """Run the scenario; returns the report (also written to ``<run_dir>/e2e.json``).
 
-    Training runs at least ``steps`` steps and at most ``max_steps_factor * steps``: it stops once
-    every fault has happened in training and each replica served ``min_share`` of the rollout
-    requests (:class:`Faults`). ``train_overrides`` replace :class:`~trainer.config.TrainConfig`
+    Training runs at least ``steps`` steps and at most ``ceiling_s`` seconds (and 50 x ``steps``
+    steps): it stops once every fault has happened in training and each replica served
+    ``min_share`` of the rollout requests (:class:`Faults`). ``train_overrides`` replace :class:`~trainer.config.TrainConfig`
     fields (e.g. a smaller warm start or fewer evaluation games for the test).
 
     Raises:
@@ -193,7 +214,7 @@ def run_e2e(
     cfg = TrainConfig(
         run_id=run_id,
         runs_root=runs_root,
-        max_steps=steps * max_steps_factor,  # the ceiling; Faults ends training
+        max_steps=steps * 50,  # a bound only: Faults ends training (plan complete or ceiling_s)
         anchor_every=anchor_every,
         num_generations=4,
         per_device_train_batch_size=8,
@@ -210,7 +231,7 @@ def run_e2e(
     corrupted: dict = {}
 
     def make_faults(stack):
-        faults["cb"] = Faults(stack, steps, late_at, kill_at, min_share)
+        faults["cb"] = Faults(stack, steps, late_at, kill_at, min_share, ceiling_s)
         return faults["cb"]
 
     def before_stop(stack: RunStack, summary: dict) -> None:
@@ -229,6 +250,7 @@ def run_e2e(
             "served_after_restart": served,
             "request_shares": {k: round(v, 3) for k, v in cb.shares().items()},
             "plan_complete": cb.plan_complete(),
+            "ceiling_s": cb.ceiling_s,
         }
 
     summary = run(
