@@ -24,6 +24,11 @@ _ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the replica's 
 _VERSIONED = re.compile(r".*-v[0-9]+")
 
 
+class EvalConfigError(ValueError):
+    """An evaluation setting (``eval_episodes``, ``eval_curve_episodes``) asks for more games than
+    there are held-out seeds; the message says the limit and how to fix it."""
+
+
 class AdapterConfigError(ValueError):
     """An adapter setting (``adapter``, ``lora_*``, ``adapter_name``) has a value the run cannot
     use; the message says what was expected, what was found and how to fix it."""
@@ -84,9 +89,10 @@ class TrainConfig:
         warm_start_epochs: passes over them.
         cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
         eval_episodes: held-out games played through the replica before the first GRPO step and
-            after the last, compared game by game (0: no evaluation). 256: the paired difference's
-            standard error is about 0.012 (0.017 at 128, measured), so a gain of +0.03 shows at
-            2.5 SE; 256 games take about 20 s on 2 cores.
+            after the last, compared game by game (0: no evaluation; at most the 512 held-out
+            seeds). 512: the paired difference's standard error is about 0.010 (0.015 at 256,
+            0.017-0.025 at 128, measured), so a gain of +0.02 shows at 2 SE; 512 games take
+            about 35 s on 2 cores.
         eval_every: optimizer steps between learning-curve evaluations (0: none).
         eval_curve_episodes: held-out games of each learning-curve evaluation (the first ones of
             the ``eval_episodes`` seeds).
@@ -151,7 +157,7 @@ class TrainConfig:
     model_layers: int = 2
     warm_start_epochs: int = 3
     cache_dir: str | None = None
-    eval_episodes: int = 256
+    eval_episodes: int = 512
     eval_every: int = 10
     eval_curve_episodes: int = 64
     eval_temperature: float = 1.0
@@ -179,6 +185,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_adapter_settings(self)
+        check_eval_settings(self)
 
     @property
     def local(self) -> bool:
@@ -219,6 +226,25 @@ class TrainConfig:
     def target_modules(self) -> list[str]:
         """``lora_target_modules`` as a list of module names."""
         return [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
+
+
+def check_eval_settings(cfg: TrainConfig) -> None:
+    """Refuse evaluations larger than the held-out seed set (their targets are the words kept out
+    of the warm start and of GRPO's data: a larger evaluation would play trained-on words).
+
+    Raises:
+        EvalConfigError: ``eval_episodes`` or ``eval_curve_episodes`` is above
+            ``trainer.task.wordle_task.EVAL_SEED_COUNT``.
+    """
+    from trainer.task.wordle_task import EVAL_SEED_COUNT
+
+    for name in ("eval_episodes", "eval_curve_episodes"):
+        value = getattr(cfg, name)
+        if value > EVAL_SEED_COUNT:
+            raise EvalConfigError(
+                f"{name}={value}: there are {EVAL_SEED_COUNT} held-out evaluation seeds (their "
+                f"words are kept out of training); set {name} to {EVAL_SEED_COUNT} or less"
+            )
 
 
 def check_adapter_settings(cfg: TrainConfig) -> None:

@@ -27,6 +27,7 @@ def test_e2e_short(tmp_path, e2e_warm_start):
         late_at=1,
         kill_at=3,
         runs_root=str(tmp_path),
+        ceiling_s=360,  # seconds of training; the plan completes well within it (see BENCHMARKS)
         **e2e_warm_start,
         eval_episodes=8,
     )

@@ -120,3 +120,21 @@ def test_bad_adapter_settings_are_refused(env, capsys, settings, expected):
     with pytest.raises(SystemExit) as exit_:
         from_args(flags)
     assert exit_.value.code == 2 and expected in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_an_evaluation_larger_than_the_held_out_set_is_refused():
+    """Every evaluation game plays a held-out word: asking for more games than there are held-out
+    seeds fails before anything starts, naming the limit."""
+    from trainer.config import EvalConfigError
+    from trainer.task.wordle_task import EVAL_SEED_COUNT, eval_seeds, held_out_targets
+    from wordle_env import wordlists
+
+    cfg = TrainConfig()
+    played = {wordlists.target_for_seed(s) for s in eval_seeds(count=cfg.eval_episodes)}
+    assert played <= held_out_targets()  # the default evaluation's words are all held out
+    TrainConfig(eval_episodes=EVAL_SEED_COUNT)
+    for field in ("eval_episodes", "eval_curve_episodes"):
+        with pytest.raises(
+            EvalConfigError, match=f"{field}={EVAL_SEED_COUNT + 1}.*{EVAL_SEED_COUNT}"
+        ):
+            TrainConfig(**{field: EVAL_SEED_COUNT + 1})

@@ -111,7 +111,11 @@ class FleetRouter:
             if url not in sessions:
                 sessions[url] = aiohttp.ClientSession(
                     timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, connect=5.0),
-                    connector=aiohttp.TCPConnector(limit=0),  # as many as are in flight
+                    # as many connections as requests in flight; an idle one is closed after
+                    # 2 s, before the replica's server closes its end (uvicorn: 5 s): reusing a
+                    # connection the server just closed failed a request (ClientOSError) and
+                    # marked a healthy replica down for 3 s in a make train run
+                    connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0),
                     auto_decompress=False,  # bytes pass through as the replica sent them
                     skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
                 )
