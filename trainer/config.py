@@ -62,11 +62,6 @@ class TrainConfig:
             half a bf16 ulp of a weight is lost in the rounding; the handout experiment's policy
             gradient used 3e-4), 1e-6 for hub models (RL-typical), 1e-5 for a LoRA adapter on a
             hub model (an adapter starts at zero and needs larger steps than full weights).
-        freeze_token_rows: GRPO trains the decoder layers only, not the embedding and LM-head
-            matrices. None: on for the local model, whose answer rows carry each word's spelling
-            (``trainer.task.wordle_model.spelling_init``): a policy gradient on training words moves
-            those words' own rows, which no held-out word shares, while the layers are shared by
-            every word (docs/BENCHMARKS.md section 6); off for hub models and adapters.
         num_generations: completions per GRPO group (they all play the same word).
         per_device_train_batch_size: episodes generated concurrently and queued for the trainer
             (TRL's ``samples_per_step``). How many a step trains on is set by ``token_budget``.
@@ -150,7 +145,6 @@ class TrainConfig:
     env_url: str | None = field(default=None, metadata={"env": "ENV_URL"})
     max_steps: int = field(default=55, metadata={"env": "STEPS"})
     learning_rate: float | None = None
-    freeze_token_rows: bool | None = None
     num_generations: int = 8
     per_device_train_batch_size: int = 64
     max_completion_length: int = 32
@@ -228,13 +222,6 @@ class TrainConfig:
         if self.model_id() == TINY:
             return 2e-4
         return 1e-5 if self.adapter else 1e-6
-
-    def freezes_token_rows(self) -> bool:
-        """Whether GRPO leaves the embedding and LM-head matrices as they are (see
-        ``freeze_token_rows``)."""
-        if self.freeze_token_rows is not None:
-            return self.freeze_token_rows
-        return self.model_id() == TINY and not self.adapter
 
     def target_modules(self) -> list[str]:
         """``lora_target_modules`` as a list of module names."""

@@ -91,9 +91,6 @@ def build_trainer(
         peft_config=adapter.lora_config(cfg) if cfg.adapter else None,
     )
     state["trainer"] = trainer
-    if cfg.freezes_token_rows():  # before train() builds the optimizer over trainable weights
-        trainer.model.get_input_embeddings().requires_grad_(False)
-        trainer.model.get_output_embeddings().requires_grad_(False)
     if cfg.adapter:
         _adapter_sync(cfg, trainer, transfer, publisher)
     trl_compat.bound_score_queue(trainer, groups=1)
