@@ -22,6 +22,11 @@ ADAPTERS = ("lora",)  # the adapter kinds a run can train (``adapter``)
 _NOT_LORA_TARGETS = ("lm_head", "embed_tokens")
 _ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the replica's ADAPTER_NAME rule
 _VERSIONED = re.compile(r".*-v[0-9]+")
+# Held-out evaluation seeds (``trainer.task.wordle_task.eval_seeds``): their targets are kept out of
+# the warm start and of GRPO's data. An evaluation plays the first ``eval_episodes`` of them, at
+# most EVAL_SEED_COUNT: 512 seeds hold out 484 of the 3,568 answers.
+EVAL_SEED_FIRST = 900_000
+EVAL_SEED_COUNT = 512
 
 
 class EvalConfigError(ValueError):
@@ -234,10 +239,8 @@ def check_eval_settings(cfg: TrainConfig) -> None:
 
     Raises:
         EvalConfigError: ``eval_episodes`` or ``eval_curve_episodes`` is above
-            ``trainer.task.wordle_task.EVAL_SEED_COUNT``.
+            ``EVAL_SEED_COUNT``.
     """
-    from trainer.task.wordle_task import EVAL_SEED_COUNT
-
     for name in ("eval_episodes", "eval_curve_episodes"):
         value = getattr(cfg, name)
         if value > EVAL_SEED_COUNT:

@@ -28,7 +28,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from trainer.config import space_headers
+from trainer.config import EVAL_SEED_COUNT, EVAL_SEED_FIRST, space_headers
 from trainer.task import board
 from wordle_env import rules, wordlists
 
@@ -50,11 +50,6 @@ MAX_TURNS = rules.MAX_GUESSES + 1
 INVALID_PENALTY = 0.1
 STOPPED_EARLY_PENALTY = 0.2
 RESET_ATTEMPTS = 3
-# Held-out evaluation seeds: their targets are kept out of the warm start and of GRPO's data.
-# An evaluation plays the first ``eval_episodes`` of them (at most EVAL_SEED_COUNT): 512 seeds
-# hold out 484 of the 3,568 answers.
-EVAL_SEED_FIRST = 900_000
-EVAL_SEED_COUNT = 512
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
