@@ -31,8 +31,9 @@ def cpu_threads() -> tuple[int, int]:
 
     Each side's OpenMP threads spin while they wait, so a trainer and a replica that both take
     every core slow each other down: on 2 cores, with 2 threads each, a GRPO step's forward and
-    backward over a 24k-token row took 12-13 s against 4.3 s alone (5.5 s on one thread), and the
-    step took 17-21 s. One thread each keeps both busy without that (docs/BENCHMARKS.md section 6).
+    backward over a 24k-token row took 12-13 s in a run (``perf/fwd_bwd_s``) against 3.1 s alone
+    on 2 threads and 5.2 s on one (``python bench/bench_step.py``). One thread each keeps both busy
+    without that (docs/BENCHMARKS.md section 6).
     """
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     replica = max(1, n // 2)

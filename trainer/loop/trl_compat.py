@@ -91,9 +91,10 @@ class _CpuFlashAttn:
 
         The segments are cut with ``split`` and joined with ``cat`` (one autograd node each);
         writing each result into a slice of a preallocated output instead made the backward
-        allocate and fill a zero tensor the size of the whole row per segment and layer: 5.3 s
-        of backward for a 24k-token, 128-segment row of the local model, 2.7 s this way, with
-        bit-identical log-probabilities and gradients (docs/BENCHMARKS.md section 6).
+        allocate and fill a zero tensor the size of the whole row per segment and layer: 4.67 s
+        of backward for a 24k-token, 129-segment row of the local model's shape on 2 threads,
+        1.90 s this way, with bit-identical log-probabilities and gradients
+        (``python bench/bench_step.py``; docs/BENCHMARKS.md section 6).
         """
         if window_size not in ((-1, -1), [-1, -1]):
             raise TRLCompatError(f"sliding-window attention is not supported on CPU: {window_size}")
