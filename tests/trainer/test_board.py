@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trainer.task import board, warm_start, wordle_model
+from trainer.task import board, wordle_model
 from trainer.task.wordle_task import EpisodeStats, tool_reply
 from wordle_env import rules, wordlists
 from wordle_env.game import WordleGame
@@ -71,15 +71,6 @@ def test_episode_stats_count_consistent_later_guesses():
         game.play(f"[{w}]")
         stats.record(Obs(game))
     assert (stats.checked, stats.consistent) == (2, 1)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from trainer.task.tiny_model import make_char_tokenizer
-
-    renderer = make_char_tokenizer(wordle_model.chat_template())
-    games = warm_start.solver_games(40, seed=5)
-    return wordle_model.build_tokenizer([warm_start.render(g, renderer) for g in games])
 
 
 def test_every_board_item_is_one_token(tokenizer):

@@ -9,6 +9,7 @@ import time
 from trainer.config import TrainConfig
 from trainer.fleet.rollout_tagging import ReplicaVersionTagger
 from trainer.loop import adapter, ranks, trl_compat
+from trainer.loop.advantages import CentredAdvantages
 from trainer.loop.bucket_transfer import BucketWeightTransfer
 from trainer.task.wordle_task import WordleToolEnv, make_dataset
 
@@ -104,6 +105,13 @@ def build_trainer(
             sample_versions_fn=sample_versions_fn,
         ),
     )
+    if cfg.tied_answer_rows():
+        from trainer.loop.spelling_tie import SpellingTiedRows
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        trainer.add_callback(SpellingTiedRows(model, trainer.processing_class))
+    if cfg.scale_rewards == "none" and trainer.rollout_queue is not None:
+        trainer.rollout_queue = CentredAdvantages(trainer.rollout_queue)
     return trainer, transfer, tagger
 
 

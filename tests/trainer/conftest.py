@@ -1,0 +1,15 @@
+"""Fixtures of the trainer's tests: the local model's task tokenizer (built once per worker)."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The local model's tokenizer (``trainer.task.wordle_model.build_tokenizer``) trained on 40
+    solver games: every answer and every board item is one token."""
+    from trainer.task import warm_start, wordle_model
+    from trainer.task.tiny_model import make_char_tokenizer
+
+    renderer = make_char_tokenizer(wordle_model.chat_template())
+    games = warm_start.solver_games(40, seed=5)
+    return wordle_model.build_tokenizer([warm_start.render(g, renderer) for g in games])
