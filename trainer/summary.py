@@ -100,6 +100,11 @@ def _bucket_summary(cfg, store, publisher, tagger, replica_version_fn) -> dict:
         "adapter": cfg.adapter,
         "adapter_name": cfg.adapter_name if cfg.adapter else None,
         "replica_env": replica_env(cfg),
+        "grpo": {  # the update's settings (docs/BENCHMARKS.md section 6 measures each)
+            "learning_rate": cfg.lr(),
+            "scale_rewards": cfg.scale_rewards,
+            "tie_answer_rows": cfg.tied_answer_rows(),
+        },
         "steps": metrics.steps[-1].step if metrics.steps else 0,
         "reward_first5": _mean(rewards[:5]),
         "reward_last5": _mean(rewards[-5:]),

@@ -33,3 +33,9 @@ def test_two_trainer_processes_publish_one_version_per_step(tmp_path, e2e_warm_s
     assert summary["versions_published"] == list(range(NPROC_STEPS + 1))  # v0, then one per step
     assert summary["turns_mean"] >= 2  # tool calls reached the Wordle server and came back
     assert summary["replica_bit_exact"] is True
+    # the local default's update: centred advantages, answer rows tied to spelling on every rank
+    assert summary["grpo"] == {
+        "learning_rate": 2e-4,
+        "scale_rewards": "none",
+        "tie_answer_rows": True,
+    }

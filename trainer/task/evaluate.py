@@ -146,12 +146,19 @@ def served_model(replica_url: str, headers: dict | None = None) -> str:
 # Attempts of one evaluation request when the connection itself fails (the request is
 # idempotent: the same seed samples the same tokens).
 POST_ATTEMPTS = 3
+# Seconds one evaluation request may take before it is retried. A completion of at most 32 tokens
+# takes seconds even beside training on 2 cores; a request whose socket was closed under it (the
+# EBADF below) waited the whole timeout: at 300 s, one such request made the 512-game evaluation
+# of a fresh make train take 309 s instead of 31 s.
+REQUEST_TIMEOUT_S = 60.0
 
 
 def _post(http: httpx.Client, url: str, payload: dict) -> httpx.Response:
     """POST ``payload``; a broken connection (``httpx.TransportError``) is retried on a new one,
-    up to ``POST_ATTEMPTS`` in all. Seen once at the end of a run: TRL's rollout worker child was
-    terminated (it had not exited in 15 s) and a socket of this process read EBADF.
+    up to ``POST_ATTEMPTS`` in all, each within ``REQUEST_TIMEOUT_S``. Seen at the end of a run
+    (TRL's rollout worker child was terminated, not having exited in 15 s) and once at the first
+    evaluation of a fresh run: a socket of this process read EBADF after waiting the whole timeout
+    (its descriptor closed under it elsewhere in the process; not found).
 
     Raises:
         EvalError: every attempt failed; the last transport error is its cause.
@@ -317,7 +324,10 @@ def evaluate(
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     template = _chat_template(tokenizer)
     name = model_name or served_model(replica_url, headers)
-    with httpx.Client(timeout=300, headers=headers) as http, ThreadPoolExecutor(workers) as pool:
+    with (
+        httpx.Client(timeout=REQUEST_TIMEOUT_S, headers=headers) as http,
+        ThreadPoolExecutor(workers) as pool,
+    ):
         results = list(
             pool.map(
                 lambda s: play_episode(
