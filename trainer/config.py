@@ -65,10 +65,9 @@ class TrainConfig:
             bucket (one listing, an API call, and one read per replica each time; replicas write
             theirs 60 s apart there). On a local bucket: every health check.
         env_url: the Wordle environment server's URL. None: start one locally.
-        max_steps: optimizer steps (120 for the local default, about 8,700 games: the held-out
-            gain grows with them, +0.016 after 55 steps and +0.046 +- 0.011 after 120, measured;
-            about 22 minutes on 2 cores with the warm start, 17 once it is cached; docs/
-            BENCHMARKS.md section 6). ``STEPS=55`` fits 15 minutes.
+        max_steps: optimizer steps (55 for the local default: with the warm start, the whole
+            run fits 15 minutes on 2 cores at about 8 s a step; 120 steps gave a held-out gain of
+            +0.046 in one run and +0.004 in another, docs/BENCHMARKS.md section 6).
         learning_rate: AdamW learning rate. None: 2e-4 for the ~2.7 M-parameter local model (at
             1e-5 its bf16 weights, which the replica serves, barely move: an update smaller than
             half a bf16 ulp of a weight is lost in the rounding; the handout experiment's policy
@@ -79,11 +78,13 @@ class TrainConfig:
             ``none`` (the default): ``r - mean`` (``trainer.loop.advantages``); ``group``:
             ``(r - mean) / std`` over the group, what TRL's async worker does. Centred, a group
             whose games differ by a yellow letter weighs far less than one where a game won
-            (local run, 512 held-out games: paired gain +0.004 +- 0.009 with ``group``, +0.011 +-
-            0.010 with ``none``; docs/BENCHMARKS.md section 6).
+            (local run, 512 held-out games, one run each: paired gain +0.004 +- 0.009 with
+            ``group``, +0.011 +- 0.010 with ``none``; runs vary by more than that SE: docs/
+            BENCHMARKS.md section 6).
         tie_answer_rows: GRPO changes the local model's answer rows only along their spelling
             (``trainer.loop.spelling_tie``), so what it learns on training words reaches held-out
-            words (with ``none``: +0.011 -> +0.021 +- 0.010). None: on for the local model
+            words (with ``none``, one run each: +0.011 -> +0.021 +- 0.010; four runs with it
+            average about +0.02). None: on for the local model
             (``tiny``) when it trains full weights, off otherwise (a hub tokenizer does not hold
             the answers as single tokens).
         per_device_train_batch_size: episodes generated concurrently and queued for the trainer
@@ -166,7 +167,7 @@ class TrainConfig:
     fleet_health_interval_s: float = 5.0
     fleet_discover_interval_s: float = 60.0
     env_url: str | None = field(default=None, metadata={"env": "ENV_URL"})
-    max_steps: int = field(default=120, metadata={"env": "STEPS"})
+    max_steps: int = field(default=55, metadata={"env": "STEPS"})
     learning_rate: float | None = None
     num_generations: int = 8
     scale_rewards: str = "none"
@@ -183,7 +184,7 @@ class TrainConfig:
     warm_start_epochs: int = 3
     cache_dir: str | None = None
     eval_episodes: int = 512
-    eval_every: int = 20
+    eval_every: int = 10
     eval_curve_episodes: int = 64
     eval_temperature: float = 1.0
     token_budget: int = 24576
