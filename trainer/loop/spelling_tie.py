@@ -80,6 +80,8 @@ class SpellingTiedRows(TrainerCallback):
         self.start = None
 
     def on_train_begin(self, args, state, control, **kwargs):
+        device = self.weights[0].device  # the trainer's (a GPU run holds the weights there)
+        self.ids, self.basis = self.ids.to(device), self.basis.to(device)
         self.start = [w.detach()[self.ids].clone() for w in self.weights]
 
     def on_optimizer_step(self, args, state, control, **kwargs):
