@@ -83,7 +83,7 @@ class TrainConfig:
             BENCHMARKS.md section 6).
         tie_answer_rows: GRPO changes the local model's answer rows only along their spelling
             (``trainer.loop.spelling_tie``), so what it learns on training words reaches held-out
-            words (with ``none``, one run each: +0.011 -> +0.021 +- 0.010; four runs with it
+            words (with ``none``, one run each: +0.011 -> +0.021 +- 0.010; five runs with it
             average about +0.02). None: on for the local model
             (``tiny``) when it trains full weights, off otherwise (a hub tokenizer does not hold
             the answers as single tokens).
