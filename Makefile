@@ -28,7 +28,8 @@ PYTEST_ARGS ?=
 # constraints, CA bundle) passed as uv flags by tools/uv_flags.py; each install falls back to
 # pip when uv is missing, a pip setting has no uv flag, or uv fails. UV=0: pip only.
 UV ?= 1
-UV_OUT = $(if $(filter 1,$(UV)),$(shell $(PYTHON) tools/uv_flags.py 2>/dev/null))
+# evaluated once, on first use (each evaluation runs `pip config list`)
+UV_OUT = $(eval UV_OUT := $(if $(filter 1,$(UV)),$(shell $(PYTHON) tools/uv_flags.py 2>/dev/null)))$(UV_OUT)
 # $(call install,ARGS): uv, else pip, installing ARGS into the venv ($(comma) for a comma in ARGS)
 comma := ,
 install = { [ -n "$(strip $(UV_OUT))" ] && [ -x $(VENV)/bin/uv ] && \
