@@ -6,7 +6,8 @@ or hangs past the timeout loses no request (it goes to another); a 500 that ever
 is handed back instead of waited on; with no replica the request waits and goes on when one
 returns, or gets 503 naming each replica after ``wait_s``; discovery from bucket heartbeats (join,
 leave when stale, malformed or plain-http URLs ignored with a warning); a replica too far behind
-is drained; per-replica headers replace the caller's Authorization.
+is drained; per-replica headers replace the caller's Authorization; an idle client connection is
+kept longer than its client keeps it for reuse.
 """
 
 from __future__ import annotations
@@ -323,3 +324,41 @@ def test_a_client_that_disconnects_mid_body_is_logged_and_the_router_serves_on(
     assert a.requests == 0
     r = httpx.post(f"{url}/v1/completions", json=BODY, timeout=30)
     assert r.status_code == 200 and a.requests == 1
+
+
+def test_an_idle_client_connection_is_kept_past_uvicorns_default(fleet, replicas):
+    """A raw keep-alive connection, idle 6 s after its first answer (uvicorn closes one after
+    5 s by default; TRL's aiohttp client reuses one for 15 s), still gets its second answer."""
+    import socket
+
+    (a,) = replicas(1)
+    _, url = fleet([a.url])
+    host, port = url.removeprefix("http://").split(":")
+    body = b'{"model": "m", "prompt": [1, 2, 3], "max_tokens": 4}'
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        answers = []
+        for _ in range(2):
+            s.sendall(request)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = s.recv(65536)
+                assert chunk, "the router closed the connection"
+                head += chunk
+            answers.append(head.split(b"\r\n", 1)[0])
+            header, _, rest = head.partition(b"\r\n\r\n")
+            length = int(
+                next(
+                    line.split(b":", 1)[1]
+                    for line in header.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+            )
+            while len(rest) < length:
+                rest += s.recv(65536)
+            if len(answers) == 1:
+                time.sleep(6)
+    assert answers == [b"HTTP/1.1 200 OK"] * 2 and a.requests == 2

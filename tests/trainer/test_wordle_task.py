@@ -71,6 +71,25 @@ def test_tool_call_and_prompt_fit_the_turn_and_context(tokenizer):
     assert len(first) <= 400
 
 
+def test_a_guess_call_is_four_tokens_as_generated_and_as_rendered(tokenizer):
+    """The replica decodes 4 tokens per turn (the text before the word, the word, the text after
+    it, end of turn), and the chat template's rendering of the same call tokenizes to them too,
+    so TRL's rollout (which re-renders each turn) trains on what was sampled."""
+    call = '<tool_call>\n{"name": "guess", "arguments": {"word": "crane"}}\n</tool_call><|im_end|>'
+    ids = _ids(tokenizer, call)
+    assert tokenizer.convert_ids_to_tokens(ids) == [
+        wordle_model.CALL_OPEN,
+        "crane",
+        wordle_model.CALL_CLOSE,
+        "<|im_end|>",
+    ]
+    text = tokenizer.apply_chat_template(
+        [*prompt_messages(), call_message("crane")], tools=[guess_tool()], tokenize=False
+    )
+    assert call in text
+    assert parse_call(tokenizer.decode(ids, skip_special_tokens=False)) == "crane"
+
+
 def test_transcript_is_prefix_consistent_with_rollout_rendering(games, tokenizer):
     """At every assistant turn, the prompt the rollout renders (add_generation_prompt) is a token
     prefix of the SFT transcript, and the masked tokens that follow are that turn's reply."""

@@ -26,6 +26,11 @@ log = logging.getLogger("trainer.fleet")
 
 VERSION_HEADER = "X-Deltasync-Version"  # set by the replica's front (rollout.server)
 REPLICA_HEADER = "X-Deltasync-Replica"  # set here: which replica answered
+# Seconds the router keeps an idle client connection open: longer than its clients keep one to
+# reuse (aiohttp, TRL's rollout worker: 15 s; httpx, the evaluation: 5 s). At uvicorn's default
+# (5 s) the router closed connections TRL's worker then reused while a training step held its
+# queue full: "Connection reset by peer" and a 1 s retry, 11 times in a 30-step run.
+KEEP_ALIVE_S = 30
 _HOP_HEADERS = {
     "host",
     "connection",
@@ -223,7 +228,12 @@ class FleetRouter:
         import uvicorn
 
         config = uvicorn.Config(
-            self.app(), host="127.0.0.1", port=port, log_level="warning", access_log=False
+            self.app(),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="fleet-router", daemon=True)

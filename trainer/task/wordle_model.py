@@ -36,6 +36,11 @@ from wordle_env import rules, wordlists
 SPECIAL_TOKENS = [t for t in tiny_model.SPECIAL_TOKENS if t != "<unk>"]
 TEMPLATE_FILE = "qwen3_instruct_2507.jinja"
 BPE_VOCAB = 1024  # byte-level BPE merges on top of the 256 bytes; the words come on top
+# The fixed text around the word of a ``guess`` call, as the chat template renders it: one token
+# each, so a turn is 4 tokens (this, the word, the closing text, <|im_end|>) instead of 10, and
+# the replica runs 4 decode steps per turn (vLLM's engine was the largest CPU user of a GRPO step).
+CALL_OPEN = '<tool_call>\n{"name": "guess", "arguments": {"word": "'
+CALL_CLOSE = '"}}\n</tool_call>'
 
 
 class ModelBuildError(RuntimeError):
@@ -68,8 +73,9 @@ def build_tokenizer(corpus: list[str]) -> Any:
 
     Returns:
         A ``transformers.PreTrainedTokenizerFast``: ``BPE_VOCAB`` byte-level BPE tokens, the
-        special tokens, every Wordle answer and every board item (``trainer.task.board.item_tokens``)
-        as a single (non-special) token.
+        special tokens, every Wordle answer, every board item (``trainer.task.board.item_tokens``)
+        and the text around a call's word (``CALL_OPEN``, ``CALL_CLOSE``) as a single
+        (non-special) token.
         EOS is ``<|im_end|>``, PAD ``<|endoftext|>``; the chat template is :func:`chat_template`.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -93,6 +99,8 @@ def build_tokenizer(corpus: list[str]) -> Any:
     tok.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in words])
     items = list(board.item_tokens())
     tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in items])
+    # matched longest-first, so the opening wins over the special token <tool_call> it starts with
+    tok.add_tokens([AddedToken(t, normalized=False) for t in (CALL_OPEN, CALL_CLOSE)])
     trainer = trainers.BpeTrainer(
         vocab_size=BPE_VOCAB,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
