@@ -327,38 +327,28 @@ def test_a_client_that_disconnects_mid_body_is_logged_and_the_router_serves_on(
 
 
 def test_an_idle_client_connection_is_kept_past_uvicorns_default(fleet, replicas):
-    """A raw keep-alive connection, idle 6 s after its first answer (uvicorn closes one after
-    5 s by default; TRL's aiohttp client reuses one for 15 s), still gets its second answer."""
-    import socket
+    """One keep-alive connection, idle 6 s after its first answer (uvicorn closes one after 5 s
+    by default; TRL's aiohttp client reuses one for 15 s), still gets its second answer.
+    ``http.client`` does not reconnect: a connection the router closed fails the second request
+    (``RemoteDisconnected``)."""
+    import http.client
+    import json
 
     (a,) = replicas(1)
     _, url = fleet([a.url])
     host, port = url.removeprefix("http://").split(":")
-    body = b'{"model": "m", "prompt": [1, 2, 3], "max_tokens": 4}'
-    request = (
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-    )
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        answers = []
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    statuses = []
+    try:
         for _ in range(2):
-            s.sendall(request)
-            head = b""
-            while b"\r\n\r\n" not in head:
-                chunk = s.recv(65536)
-                assert chunk, "the router closed the connection"
-                head += chunk
-            answers.append(head.split(b"\r\n", 1)[0])
-            header, _, rest = head.partition(b"\r\n\r\n")
-            length = int(
-                next(
-                    line.split(b":", 1)[1]
-                    for line in header.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
+            conn.request(
+                "POST", "/v1/completions", json.dumps(BODY), {"Content-Type": "application/json"}
             )
-            while len(rest) < length:
-                rest += s.recv(65536)
-            if len(answers) == 1:
+            r = conn.getresponse()
+            r.read()
+            statuses.append(r.status)
+            if len(statuses) == 1:
                 time.sleep(6)
-    assert answers == [b"HTTP/1.1 200 OK"] * 2 and a.requests == 2
+    finally:
+        conn.close()
+    assert statuses == [200, 200] and a.requests == 2
