@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from importlib import metadata
 from pathlib import Path
 
 from websockets.asyncio.client import ClientConnection, connect
+
+from trainer.local.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SPACE_DIR = REPO / "spaces" / "wordle-env"
@@ -74,15 +75,9 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(max_sessions: int) -> tuple[subprocess.Popen[bytes], str]:
     """Start the Space server; return its process and ``http://127.0.0.1:<port>``."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PORT": str(port),

@@ -8,13 +8,13 @@ checks (``DashboardConfig``, ``BUCKET`` from the environment) and the CLI."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from dashboard.data import BucketReader
+from trainer.local.processes import free_port
 
 # pandas 3 deprecations raised inside gradio's own code (not ours)
 pytestmark = pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning")
@@ -33,14 +33,8 @@ from dashboard.ui import (  # noqa: E402
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _serve(uri: str):
-    config = DashboardConfig(bucket=uri, refresh_s=1.0, port=_free_port())
+    config = DashboardConfig(bucket=uri, refresh_s=1.0, port=free_port())
     demo = build_app(config)
     demo.launch(
         server_name="127.0.0.1", server_port=config.port, prevent_thread_lock=True, quiet=True

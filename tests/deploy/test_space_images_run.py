@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,15 +23,11 @@ import urllib.request
 
 import pytest
 
+from trainer.local.processes import free_port
+
 from .dockerfile_image import Image
 
 START_TIMEOUT_S = 120.0  # generous: the test machine may be busy
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(img: Image, argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen:

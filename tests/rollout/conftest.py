@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from trainer.local.processes import free_port
+
 SPACE_DIR = Path(__file__).resolve().parents[2] / "spaces" / "vllm-rollout"
 STARTUP_TIMEOUT_S = 420.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

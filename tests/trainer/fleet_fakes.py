@@ -5,16 +5,11 @@ answers like the replica's front (``/health`` with ``held_version``, ``/v1/compl
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from trainer.local.processes import free_port
 
 
 class _Server(ThreadingHTTPServer):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from trainer.local.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SPACE_DIR = REPO / "spaces" / "wordle-env"
@@ -45,12 +46,6 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-n_chars:]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(log_path: Path, **env_overrides: str) -> ServerProcess:
     """Start the Space server with ``env_overrides`` on a free port and wait for ``/health``.
 
@@ -58,7 +53,7 @@ def start_server(log_path: Path, **env_overrides: str) -> ServerProcess:
         RuntimeError: the process exited or ``/health`` did not answer within 90 s; the
             message holds the server's log.
     """
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PORT": str(port),
