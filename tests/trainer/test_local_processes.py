@@ -4,8 +4,12 @@ exit with "address already in use" 20 s after its port was chosen)."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 
+from trainer.local import processes
 from trainer.local.processes import _ephemeral_low, free_port
 
 
@@ -31,3 +35,48 @@ def test_a_chosen_port_can_still_be_bound_after_many_bind_zero_sockets():
     finally:
         for s in others:
             s.close()
+
+
+def _in_fresh_python(code: str, **env: str) -> list[str]:
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "LOCAL_WORLD_SIZE")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+PROBE = (
+    "import os; from trainer.local.processes import passive_omp_waits, cpu_threads; {first}"
+    "ok = passive_omp_waits(); t, r = cpu_threads(); "
+    "print(ok, t, r, os.environ.get('OMP_WAIT_POLICY', '-'))"
+)
+
+
+def test_the_trainer_takes_every_core_when_its_threads_wait_passively():
+    n = len(os.sched_getaffinity(0))
+    assert _in_fresh_python(PROBE.format(first="")) == [
+        "True",
+        str(n),
+        str(max(1, n // 2)),
+        "PASSIVE",
+    ]
+    # two trainer processes on this machine (torchrun) share the cores
+    two = _in_fresh_python(PROBE.format(first=""), LOCAL_WORLD_SIZE="2")
+    assert two[1] == str(max(1, n // 2))
+
+
+def test_after_torch_is_imported_the_policy_is_left_alone_and_the_cores_are_split():
+    n = len(os.sched_getaffinity(0))
+    got = _in_fresh_python(PROBE.format(first="import torch; "))
+    assert got == ["False", str(max(1, n - n // 2)), str(max(1, n // 2)), "-"]
+
+
+def test_a_local_replica_is_told_to_wait_passively(monkeypatch):
+    env = {}
+    monkeypatch.setattr(processes, "_spawn", lambda name, args, cwd, e, *rest: env.update(e))
+    processes.start_replica("file:///nowhere", "model", "/tmp")
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["OMP_NUM_THREADS"] == str(processes.cpu_threads()[1])
