@@ -2,6 +2,8 @@
 idempotent), and after ``POST_ATTEMPTS`` broken connections it fails with ``EvalError`` naming
 the cause, never silently."""
 
+import threading
+
 import httpx
 import pytest
 
@@ -33,3 +35,22 @@ def test_every_attempt_broken_is_an_eval_error_with_its_cause():
     with pytest.raises(EvalError, match="3 broken connections.*ReadError") as info:
         _post(http, "http://replica/v1/completions", {"seed": 7})
     assert isinstance(info.value.__cause__, httpx.ReadError) and len(calls) == POST_ATTEMPTS
+
+
+def test_each_evaluation_thread_has_its_own_client_and_all_are_closed():
+    """httpcore's sync pool can close a connection it handed to another thread's queued request
+    (encode/httpcore issue 1110): the evaluation never shares a client between threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainer.task.evaluate import _ThreadClients
+
+    with _ThreadClients({"Authorization": "Bearer t"}) as clients:
+        with ThreadPoolExecutor(4) as pool:
+            seen = list(pool.map(lambda _: (threading.get_ident(), clients.get()), range(64)))
+        owners = {}
+        for thread, client in seen:
+            owners.setdefault(id(client), set()).add(thread)
+        assert all(len(threads) == 1 for threads in owners.values())
+        assert len({thread for thread, _ in seen}) == len(owners)
+        assert seen[0][1].headers["authorization"] == "Bearer t"
+    assert all(client.is_closed for _, client in seen)

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import statistics
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -147,18 +148,13 @@ def served_model(replica_url: str, headers: dict | None = None) -> str:
 # idempotent: the same seed samples the same tokens).
 POST_ATTEMPTS = 3
 # Seconds one evaluation request may take before it is retried. A completion of at most 32 tokens
-# takes seconds even beside training on 2 cores; a request whose socket was closed under it (the
-# EBADF below) waited the whole timeout: at 300 s, one such request made the 512-game evaluation
-# of a fresh make train take 309 s instead of 31 s.
+# takes seconds even beside training on 2 cores.
 REQUEST_TIMEOUT_S = 60.0
 
 
 def _post(http: httpx.Client, url: str, payload: dict) -> httpx.Response:
     """POST ``payload``; a broken connection (``httpx.TransportError``) is retried on a new one,
-    up to ``POST_ATTEMPTS`` in all, each within ``REQUEST_TIMEOUT_S``. Seen at the end of a run
-    (TRL's rollout worker child was terminated, not having exited in 15 s) and once at the first
-    evaluation of a fresh run: a socket of this process read EBADF after waiting the whole timeout
-    (its descriptor closed under it elsewhere in the process; not found).
+    up to ``POST_ATTEMPTS`` in all, each within ``REQUEST_TIMEOUT_S``.
 
     Raises:
         EvalError: every attempt failed; the last transport error is its cause.
@@ -288,6 +284,43 @@ def summarize(results: list[EpisodeResult]) -> dict:
     }
 
 
+class _ThreadClients:
+    """One ``httpx.Client`` per worker thread, all closed on exit.
+
+    One client shared by the evaluation's 64 threads read ``EBADF`` after waiting up to its whole
+    timeout in most runs (one request took 278 s of 300): httpcore's sync connection pool can close
+    a connection it has already handed to a queued request of another thread, as a surplus
+    keep-alive one (httpx keeps 20 of the 64), and the request's blocked read is not woken by the
+    close (encode/httpcore issue 1110, httpcore 1.0.9). A client per thread never hands a
+    connection across threads.
+    """
+
+    def __init__(self, headers: dict | None):
+        self._headers = headers
+        self._local = threading.local()
+        self._all: list[httpx.Client] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> httpx.Client:
+        """This thread's client (made on first use)."""
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = httpx.Client(timeout=REQUEST_TIMEOUT_S, headers=self._headers)
+            self._local.client = client
+            with self._lock:
+                self._all.append(client)
+        return client
+
+    def __enter__(self) -> _ThreadClients:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            clients, self._all = self._all, []
+        for client in clients:
+            client.close()
+
+
 def evaluate(
     replica_url: str,
     tokenizer_path: str,
@@ -324,14 +357,12 @@ def evaluate(
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     template = _chat_template(tokenizer)
     name = model_name or served_model(replica_url, headers)
-    with (
-        httpx.Client(timeout=REQUEST_TIMEOUT_S, headers=headers) as http,
-        ThreadPoolExecutor(workers) as pool,
-    ):
+    clients = _ThreadClients(headers)
+    with clients, ThreadPoolExecutor(workers) as pool:
         results = list(
             pool.map(
                 lambda s: play_episode(
-                    http,
+                    clients.get(),
                     replica_url,
                     name,
                     tokenizer,
