@@ -6,13 +6,11 @@ import signal
 import sys
 
 from trainer.config import from_args
-from trainer.local.processes import passive_omp_waits, quiet_libraries
+from trainer.local.processes import quiet_libraries
+from trainer.run import run
 
 
 def main() -> None:
-    passive_omp_waits()  # before torch is imported (trainer.run imports it)
-    from trainer.run import run
-
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

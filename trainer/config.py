@@ -65,9 +65,9 @@ class TrainConfig:
             bucket (one listing, an API call, and one read per replica each time; replicas write
             theirs 60 s apart there). On a local bucket: every health check.
         env_url: the Wordle environment server's URL. None: start one locally.
-        max_steps: optimizer steps (85 for the local default: with the warm start, the whole
-            run fits 15 minutes on 2 cores at about 6 s a step; 120 steps gave a held-out gain of
-            +0.046 in one run and +0.004 in another, docs/BENCHMARKS.md section 6).
+        max_steps: optimizer steps (55 for the local default: with the warm start, the whole
+            run fits 15 minutes on 2 cores at about 8 s a step; 75-85 steps gained no more on
+            held-out games, docs/BENCHMARKS.md section 6).
         learning_rate: AdamW learning rate. None: 2e-4 for the ~2.7 M-parameter local model (at
             1e-5 its bf16 weights, which the replica serves, barely move: an update smaller than
             half a bf16 ulp of a weight is lost in the rounding; the handout experiment's policy
@@ -167,7 +167,7 @@ class TrainConfig:
     fleet_health_interval_s: float = 5.0
     fleet_discover_interval_s: float = 60.0
     env_url: str | None = field(default=None, metadata={"env": "ENV_URL"})
-    max_steps: int = field(default=85, metadata={"env": "STEPS"})
+    max_steps: int = field(default=55, metadata={"env": "STEPS"})
     learning_rate: float | None = None
     num_generations: int = 8
     scale_rewards: str = "none"

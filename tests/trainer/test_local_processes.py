@@ -48,35 +48,29 @@ def _in_fresh_python(code: str, **env: str) -> list[str]:
     return out.stdout.split()
 
 
-PROBE = (
-    "import os; from trainer.local.processes import passive_omp_waits, cpu_threads; {first}"
-    "ok = passive_omp_waits(); t, r = cpu_threads(); "
-    "print(ok, t, r, os.environ.get('OMP_WAIT_POLICY', '-'))"
-)
+PROBE = "from trainer.local.processes import cpu_threads; print(*cpu_threads())"
 
 
-def test_the_trainer_takes_every_core_when_its_threads_wait_passively():
+def test_by_default_the_trainer_and_the_replica_split_the_cores():
     n = len(os.sched_getaffinity(0))
-    assert _in_fresh_python(PROBE.format(first="")) == [
-        "True",
-        str(n),
-        str(max(1, n // 2)),
-        "PASSIVE",
-    ]
+    assert _in_fresh_python(PROBE) == [str(max(1, n - n // 2)), str(max(1, n // 2))]
+
+
+def test_with_passive_waits_the_trainer_takes_every_core():
+    n = len(os.sched_getaffinity(0))
+    assert _in_fresh_python(PROBE, OMP_WAIT_POLICY="PASSIVE") == [str(n), str(max(1, n // 2))]
     # two trainer processes on this machine (torchrun) share the cores
-    two = _in_fresh_python(PROBE.format(first=""), LOCAL_WORLD_SIZE="2")
-    assert two[1] == str(max(1, n // 2))
+    two = _in_fresh_python(PROBE, OMP_WAIT_POLICY="passive", LOCAL_WORLD_SIZE="2")
+    assert two[0] == str(max(1, n // 2))
 
 
-def test_after_torch_is_imported_the_policy_is_left_alone_and_the_cores_are_split():
-    n = len(os.sched_getaffinity(0))
-    got = _in_fresh_python(PROBE.format(first="import torch; "))
-    assert got == ["False", str(max(1, n - n // 2)), str(max(1, n // 2)), "-"]
-
-
-def test_a_local_replica_is_told_to_wait_passively(monkeypatch):
+def test_a_local_replica_waits_passively_only_when_the_trainer_does(monkeypatch):
     env = {}
     monkeypatch.setattr(processes, "_spawn", lambda name, args, cwd, e, *rest: env.update(e))
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    processes.start_replica("file:///nowhere", "model", "/tmp")
+    assert "OMP_WAIT_POLICY" not in env
+    assert env["OMP_NUM_THREADS"] == str(processes.cpu_threads()[1])
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     processes.start_replica("file:///nowhere", "model", "/tmp")
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert env["OMP_NUM_THREADS"] == str(processes.cpu_threads()[1])

@@ -34,16 +34,15 @@ def cpu_threads() -> tuple[int, int]:
     """How the cores of a machine without a GPU are shared while the trainer and its local
     vLLM replicas run side by side: ``(threads per trainer process, threads per replica)``.
 
-    With passive OpenMP waits in this process (:func:`omp_waits_passive`): every core for the
-    trainer (divided among the trainer processes of this machine, ``LOCAL_WORLD_SIZE``) and half
-    for each replica, which the replica's environment also makes passive. Otherwise about half
-    each: with active waits (libgomp's default) each side's threads spin between parallel regions,
-    and a trainer and a replica that both took every core slowed each other down (on 2 cores, 2
-    threads each: a GRPO step's forward and backward 12-13 s in a run against 3.1 s alone on 2
-    threads, ``python bench/bench_step.py``); one thread each was the best split then (7.2 s
-    median). With passive waits a trainer on both cores uses what the replica leaves idle: forward
-    and backward 5.4 s median, a step 8.1 -> 5.7 s, training games 8.5 -> 11.2 a second over 55
-    steps (docs/BENCHMARKS.md section 6, "Which side waits").
+    By default about half each: libgomp's threads spin between parallel regions, and a trainer
+    and a replica that both took every core slowed each other down (on 2 cores, 2 threads each: a
+    GRPO step's forward and backward 12-13 s in a run against 3.1 s alone on 2 threads, ``python
+    bench/bench_step.py``). With passive OpenMP waits in this process (:func:`omp_waits_passive`):
+    every core for the trainer (divided among the trainer processes of this machine,
+    ``LOCAL_WORLD_SIZE``) and half for each replica, which is then told to wait passively too:
+    a step 8.6 -> 5.8 s and training games 8.5 -> 11.2 a second, but the held-out gain of two
+    fresh ``make train`` runs so set was +0.001 and -0.006 against +0.011 to +0.018 for the
+    default, not understood, so it is opt-in (docs/BENCHMARKS.md section 6, "Which side waits").
     """
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     replica = max(1, n // 2)
@@ -52,21 +51,10 @@ def cpu_threads() -> tuple[int, int]:
     return max(1, n - replica), replica
 
 
-def passive_omp_waits() -> bool:
-    """Make this process's OpenMP threads sleep while they wait (:data:`OMP_WAIT`) unless the
-    environment already chose a policy; children started later inherit it. libgomp reads the
-    policy once, when torch is first imported: after that nothing is changed. Returns
-    :func:`omp_waits_passive`.
-    """
-    if "torch" not in sys.modules:
-        for key, value in OMP_WAIT.items():
-            os.environ.setdefault(key, value)
-    return omp_waits_passive()
-
-
 def omp_waits_passive() -> bool:
-    """Whether this process's OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, from
-    the environment the process started with or from :func:`passive_omp_waits`)."""
+    """Whether this process's OpenMP threads wait passively: ``OMP_WAIT_POLICY=PASSIVE`` in the
+    environment the process started with (libgomp reads it when torch loads), e.g.
+    ``OMP_WAIT_POLICY=PASSIVE make train``. Not the default: see :func:`cpu_threads`."""
     return os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
 
 
@@ -274,7 +262,7 @@ def start_replica(
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # the uni executor binds no OpenMP threads: without this the replica takes every core
         "OMP_NUM_THREADS": str(cpu_threads()[1]),
-        **OMP_WAIT,
+        **(OMP_WAIT if omp_waits_passive() else {}),
         "ROLLOUT_PUBLIC_URL": f"http://127.0.0.1:{port}",  # announced: the trainer's fleet joins it
         **(extra_env or {}),
     }
