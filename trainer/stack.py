@@ -101,9 +101,7 @@ class RunStack(contextlib.AbstractContextManager):
         self._exit.callback(self.publisher.close)  # idempotent: flushes the last publish
         fixed_urls, discover = parse_vllm_urls(cfg.vllm_url)
         if not fixed_urls and not discover and cfg.local:  # one replica of our own
-            if (
-                not torch.cuda.is_available()
-            ):  # the warm start had every core; the replica shares them
+            if not torch.cuda.is_available():  # the warm start had every core; now share them
                 torch.set_num_threads(processes.cpu_threads()[0])
             replica = processes.start_replica(
                 self.bucket, model_path, self.logs_dir, extra_env=adapter.replica_env(cfg)
