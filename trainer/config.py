@@ -108,6 +108,11 @@ class TrainConfig:
             trainer runs this one (with one group, generation stopped during every step and the
             trainer then waited for it: 5 s of every 8 s step, 18 games per step).
         warm_start_games: solver games in the local model's warm start (``trainer.task.warm_start``).
+            The distinct games, more than the epochs, set what the warm start reaches: 4,500
+            games (+100 s) took held-out wins 0.32 -> 0.48 through the replica, and with
+            ``--max-steps 38`` the run still fits 15 minutes and ends at 0.51, but GRPO then
+            gained nothing measurable on top (+0.005 +- 0.010; consistent share down 0.03); on a
+            GPU 12,000 games reach 0.81 (docs/BENCHMARKS.md section 6). The default keeps 3,000.
         model_hidden_size: hidden size of the local model (``tiny``; Qwen3, head_dim 64).
         model_layers: decoder layers of the local model.
         warm_start_epochs: passes over them.

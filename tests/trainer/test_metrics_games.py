@@ -81,6 +81,7 @@ def test_consistency_skips_invalid_moves_and_tool_errors():
     completion.insert(2, {"role": "tool", "name": "guess", "content": "{'error': 'unreachable'}"})
     completion.append({"role": "assistant", "content": "You submitted [bogus].\nFeedback:\n"})
     assert stats.invalid == 2 and stats.checked == 3
+    assert stats.invalid_reasons == {"not_a_word": 1, "repeated_guess": 1}
     assert accepted_moves(completion)[0] == ["crane", "slate", "pious", "toast"]
     assert consistency(completion) == (stats.consistent, stats.checked)
     assert consistency([]) == (0, 0)

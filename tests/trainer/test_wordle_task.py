@@ -135,6 +135,29 @@ def test_solver_games_avoid_evaluation_words_and_play_to_the_end(games):
     assert not {wordlists.target_for_seed(s) for s in seeds} & held_out
 
 
+def test_the_teacher_shows_how_a_game_goes_on_after_a_repeated_word():
+    """With ``repeat``, some explored moves repeat a word already played: the game refuses it
+    without using a guess, the move is left out of the loss, at most one comes per game (so the
+    game fits the rollout's MAX_TURNS calls), and the teacher then plays on to the game's end."""
+    from trainer.task.wordle_task import MAX_TURNS, solver_conversation
+
+    rng, with_repeat = random.Random(4), 0
+    for target in random.Random(5).sample(wordlists.answers(), 150):
+        messages = solver_conversation(WordleGame(target), rng, explore=0.5, repeat=0.5)
+        calls = [m for m in messages if m.get("tool_calls")]
+        words = [m["tool_calls"][0]["function"]["arguments"]["word"] for m in calls]
+        repeats = [i for i, w in enumerate(words) if w in words[:i]]
+        assert len(repeats) <= 1 and len(calls) <= MAX_TURNS
+        assert "Game over." in messages[-2]["content"]
+        for i in repeats:
+            assert calls[i]["train"] is False
+            at = next(j for j, m in enumerate(messages) if m is calls[i])
+            reply = messages[at + 1]["content"]
+            assert "invalid move" in reply and "Game over." not in reply
+        with_repeat += bool(repeats)
+    assert with_repeat >= 20
+
+
 @pytest.mark.parametrize(
     "text,word",
     [

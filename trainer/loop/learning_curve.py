@@ -130,8 +130,14 @@ def fmt_eval(b: dict) -> str:
         f"reward {b['reward_mean']:.3f}+-{b['reward_se']:.3f} win {b['win_rate']:.2f} "
         f"consistent {b['consistent_rate']:.2f} "
         f"wellformed {b['wellformed_rate']:.2f} valid {b['valid_guess_rate']:.2f} "
-        f"guesses {b['guesses_mean']:.2f} bad-end {b['bad_end_rate']:.2f}"
+        f"guesses {b['guesses_mean']:.2f} bad-end {b['bad_end_rate']:.2f} "
+        f"invalid {_reasons(b.get('invalid_reasons') or {})}"
     )
+
+
+def _reasons(counts: dict[str, int]) -> str:
+    """``repeated_guess=202,not_a_word=3`` (invalid moves by reason), ``0`` when none."""
+    return ",".join(f"{k}={v}" for k, v in counts.items()) or "0"
 
 
 class EvalEvery(TrainerCallback):

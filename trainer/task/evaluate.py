@@ -19,6 +19,7 @@ import math
 import os
 import statistics
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -279,6 +280,11 @@ def summarize(results: list[EpisodeResult]) -> dict:
         # the mechanism: later guesses that fit every earlier feedback row (trainer.task.board)
         "consistent_rate": round(consistent / checked, 4) if checked else 0.0,
         "invalid_rate": round(sum(r.stats.invalid for r in results) / turns, 4) if turns else 0.0,
+        # invalid moves by the environment's reason, summed over the games (``repeated_guess``:
+        # a word already tried; ``not_in_word_list``, ...)
+        "invalid_reasons": dict(
+            sorted(sum((Counter(r.stats.invalid_reasons) for r in results), Counter()).items())
+        ),
         "stopped_early_rate": round(sum(not r.stats.done for r in results) / n, 4),
         "shaped_reward_mean": round(statistics.fmean(episode_reward(r.stats) for r in results), 4),
     }

@@ -28,6 +28,7 @@ import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 log = logging.getLogger("trainer.task.warm_start")
 _WORD_ARG = '"word": "'  # the text just before the called word
@@ -57,6 +58,11 @@ class WarmStartConfig:
             the loss): the model also learns the teacher's answer on histories like its own,
             where it otherwise wrote malformed calls (exposure bias; the idea of DAgger, Ross et
             al. 2011, with the solver as the expert).
+        repeat: share of the explored moves that repeat a word already played (an invalid move,
+            at most one per game; ``trainer.task.solver.solver_guesses``), so that the model sees
+            a game go on after one. Off: at 0.3 (one run) the warm-started model stopped early
+            in fewer games (0.05 -> 0.03) but repeated more and won less (held-out win 0.32 ->
+            0.29; docs/BENCHMARKS.md section 6).
         seed: games, init and data order.
         threads: torch CPU threads.
     """
@@ -67,6 +73,7 @@ class WarmStartConfig:
     tokens_per_batch: int = 8192
     learning_rate: float = 3e-3
     explore: float = 0.25
+    repeat: float = 0.0
     hidden_size: int = 192
     layers: int = 2
     init: str = "spelling"
@@ -210,8 +217,12 @@ def _batches(seqs, tokens_per_batch: int, rng: random.Random):
 
 
 def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
-    """Supervised fine-tuning, loss on masked (assistant) tokens only. Returns figures."""
+    """Supervised fine-tuning, loss on masked (assistant) tokens only, on the device that holds
+    ``model`` (the local run: the CPU; ``bench/bench_warm_start_scale.py``: a GPU where there is
+    one). Returns figures."""
     import torch
+
+    device = next(model.parameters()).device
 
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
@@ -250,6 +261,7 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
                     soft_pos.append(pos - 1)  # predicted from the token before it
                     soft_opts.append(opts)
                 labels[r, : len(x)] = lab
+            ids, labels, attn = ids.to(device), labels.to(device), attn.to(device)
             # The lm_head dominates the cost: apply it only where a label is trained.
             hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
             target = labels[:, 1:]
@@ -281,6 +293,45 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
     return {"steps": step, "loss_last": last, "tokens": tokens, "train_s": dt, "tok_s": tokens / dt}
 
 
+def teacher_games(cfg: WarmStartConfig) -> list[list[dict]]:
+    """The warm start's SFT games for ``cfg`` (:func:`solver_games` with its teacher settings)."""
+    return solver_games(
+        cfg.games,
+        cfg.seed,
+        cfg.explore,
+        cfg.board,
+        top_k=cfg.teacher_top_k,
+        n_openers=cfg.n_openers,
+        repeat=cfg.repeat,
+    )
+
+
+def build(cfg: WarmStartConfig, device: str = "cpu", games=None) -> tuple[Any, Any, dict]:
+    """Build the warm-started model (not cached): the teacher's games (``games``, when given:
+    :func:`solver_games` of ``cfg`` made earlier), the tokenizer trained on them, the model
+    (``trainer.task.wordle_model``) and its SFT on ``device``.
+
+    Returns:
+        ``(model, tokenizer, figures)``: the fp32 model on ``device``, the tokenizer, and
+        :func:`train_sft`'s figures with ``game_tokens_mean``.
+    """
+    from trainer.task import wordle_model
+    from trainer.task.tiny_model import make_char_tokenizer
+
+    games = games or teacher_games(cfg)
+    renderer = make_char_tokenizer(wordle_model.chat_template())  # renders text only
+    texts = [render(g, renderer) for g in games]
+    tokenizer = wordle_model.build_tokenizer(texts[: cfg.tokenizer_games])
+    seqs = []
+    for text, game in zip(texts, games, strict=True):
+        ids, mask = encode_with_mask(text, tokenizer, _trained_turns(game))
+        seqs.append((ids, mask, soft_targets(ids, mask, game, tokenizer) if cfg.soft else []))
+    model = wordle_model.build_model(tokenizer, cfg.seed, cfg.hidden_size, cfg.layers, cfg.init)
+    figures = train_sft(model.to(device), seqs, cfg, tokenizer.pad_token_id)
+    figures["game_tokens_mean"] = sum(len(q[0]) for q in seqs) / len(seqs)
+    return model, tokenizer, figures
+
+
 def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str, float]:
     """The warm-started model folder for the local default (built once, then cached).
 
@@ -294,7 +345,6 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
     import torch
 
     from trainer.task import wordle_model
-    from trainer.task.tiny_model import make_char_tokenizer
 
     cfg = cfg or WarmStartConfig()
     path = os.path.abspath(os.path.join(cache_dir, f"warm-start-{_key(cfg)}"))
@@ -303,23 +353,7 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
         return path, 0.0
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.threads)
-    games = solver_games(
-        cfg.games,
-        cfg.seed,
-        cfg.explore,
-        cfg.board,
-        top_k=cfg.teacher_top_k,
-        n_openers=cfg.n_openers,
-    )
-    renderer = make_char_tokenizer(wordle_model.chat_template())  # renders text only
-    texts = [render(g, renderer) for g in games]
-    tokenizer = wordle_model.build_tokenizer(texts[: cfg.tokenizer_games])
-    seqs = []
-    for text, game in zip(texts, games, strict=True):
-        ids, mask = encode_with_mask(text, tokenizer, _trained_turns(game))
-        seqs.append((ids, mask, soft_targets(ids, mask, game, tokenizer) if cfg.soft else []))
-    model = wordle_model.build_model(tokenizer, cfg.seed, cfg.hidden_size, cfg.layers, cfg.init)
-    figures = train_sft(model, seqs, cfg, tokenizer.pad_token_id)
+    model, tokenizer, figures = build(cfg)
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     wordle_model.save(model, tokenizer, tmp)
@@ -327,7 +361,6 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
         config=asdict(cfg),
         params=sum(p.numel() for p in model.parameters()),
         vocab=len(tokenizer),
-        game_tokens_mean=sum(len(s[0]) for s in seqs) / len(seqs),
         build_s=time.perf_counter() - t0,
     )
     with open(os.path.join(tmp, "warm_start.json"), "w") as f:

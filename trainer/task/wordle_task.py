@@ -137,6 +137,8 @@ class EpisodeStats:
         done: the game is over (won, out of guesses, or two invalid moves in a row).
         accepted: accepted guesses.
         invalid: invalid moves (not a word, repeated, ...).
+        invalid_reasons: invalid moves by the environment's code (``wordle_env.rules``
+            ``INVALID_MOVE_CODES``, e.g. ``repeated_guess``).
         last_invalid: the last move was invalid.
         guesses: the accepted guesses, in order.
         marks: their feedback rows (``G``/``Y``/``X`` strings).
@@ -149,6 +151,7 @@ class EpisodeStats:
     done: bool = False
     accepted: int = 0
     invalid: int = 0
+    invalid_reasons: dict[str, int] = field(default_factory=dict)
     last_invalid: bool = False
     guesses: list[str] = field(default_factory=list)
     marks: list[str] = field(default_factory=list)
@@ -161,6 +164,8 @@ class EpisodeStats:
         self.won = bool(observation.won)
         if observation.error_code is not None:
             self.invalid += 1
+            code = str(observation.error_code)
+            self.invalid_reasons[code] = self.invalid_reasons.get(code, 0) + 1
             self.last_invalid = True
             return
         self.last_invalid = False
