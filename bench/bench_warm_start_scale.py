@@ -22,11 +22,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
-import statistics
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,6 +33,7 @@ sys.path.insert(0, str(REPO))  # the trainer package (run from anywhere)
 
 from report import save  # noqa: E402
 
+from trainer.task.evaluate import EpisodeResult, summarize  # noqa: E402
 from trainer.task.warm_start import WarmStartConfig, build, teacher_games  # noqa: E402
 from trainer.task.wordle_task import (  # noqa: E402
     MAX_TURNS,
@@ -55,7 +53,8 @@ RESULTS = REPO / "bench" / "results"  # warm_start_scale-<device>.json
 
 def play(model, tokenizer, seeds: list[int], max_tokens: int = 32, batch: int = 512) -> dict:
     """Play the games of ``seeds`` with ``model`` sampling at temperature 1 (all games of a batch
-    advance one turn per ``generate`` call); returns the evaluation figures."""
+    advance one turn per ``generate`` call); returns the evaluation block of
+    ``trainer.task.evaluate.summarize``, the same figures as the replica's evaluation."""
     import torch
 
     device = next(model.parameters()).device
@@ -66,12 +65,9 @@ def play(model, tokenizer, seeds: list[int], max_tokens: int = 32, batch: int = 
     for seed in seeds:
         messages = prompt_messages()
         messages[-1] = {**messages[-1], "content": messages[-1]["content"] + RESET_TEXT}
-        target = wordlists.target_for_seed(seed)
-        games.append(
-            SimpleNamespace(
-                game=WordleGame(target), stats=EpisodeStats(), messages=messages, end=None
-            )
-        )
+        game = WordleGame(wordlists.target_for_seed(seed))
+        games.append(SimpleNamespace(seed=seed, game=game, stats=EpisodeStats(), messages=messages))
+        games[-1].turns, games[-1].wellformed, games[-1].end = 0, 0, None
     torch.manual_seed(0)
     for _turn in range(MAX_TURNS):
         live = [g for g in games if g.end is None]
@@ -87,9 +83,8 @@ def play(model, tokenizer, seeds: list[int], max_tokens: int = 32, batch: int = 
                 )
                 for g in part
             ]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
-                device
-            )
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = enc.to(device)
             with torch.no_grad():
                 out = model.generate(
                     **enc,
@@ -102,10 +97,12 @@ def play(model, tokenizer, seeds: list[int], max_tokens: int = 32, batch: int = 
                     pad_token_id=tokenizer.pad_token_id,
                 )
             for g, row in zip(part, out[:, enc["input_ids"].shape[1] :].tolist(), strict=True):
+                g.turns += 1
                 word = parse_call(tokenizer.decode(row, skip_special_tokens=False))
                 if word is None:
                     g.end = "malformed"
                     continue
+                g.wellformed += 1
                 move = g.game.play(f"[{word.strip().lower()}]")
                 obs = SimpleNamespace(
                     reply=move.reply,
@@ -121,25 +118,38 @@ def play(model, tokenizer, seeds: list[int], max_tokens: int = 32, batch: int = 
                     {"role": "tool", "name": "guess", "content": g.stats.reply(obs, obs.done)}
                 )
                 if g.game.done:
-                    g.end = "won" if g.game.won else ("invalid" if g.stats.last_invalid else "out")
-    rewards = [g.game.reward for g in games]
-    checked = sum(g.stats.checked for g in games)
-    return {
-        "episodes": len(games),
-        "win_rate": round(sum(g.game.won for g in games) / len(games), 4),
-        "reward_mean": round(statistics.fmean(rewards), 4),
-        "reward_se": round(statistics.stdev(rewards) / math.sqrt(len(rewards)), 4),
-        "consistent_rate": round(sum(g.stats.consistent for g in games) / checked, 4)
-        if checked
-        else 0.0,
-        "invalid_reasons": dict(sum((Counter(g.stats.invalid_reasons) for g in games), Counter())),
-        "bad_end_rate": round(
-            sum(g.end in ("malformed", "invalid") for g in games) / len(games), 4
-        ),
-        "stopped_early_rate": round(
-            sum(g.end in ("malformed", None) for g in games) / len(games), 4
-        ),
-    }
+                    won, invalid = g.game.won, g.stats.last_invalid
+                    g.end = "won" if won else ("invalid" if invalid else "out_of_guesses")
+    return summarize(
+        [
+            EpisodeResult(
+                g.seed, g.turns, g.wellformed, g.stats, g.game.reward, g.end or "turn_limit"
+            )
+            for g in games
+        ]
+    )
+
+
+def _setting(kv: str) -> tuple[str, object]:
+    """``"layers=4"`` -> ``("layers", 4)``, typed as the ``WarmStartConfig`` field's default.
+
+    Raises:
+        SystemExit: not ``key=value``, an unknown field, or a value of the wrong type.
+    """
+    key, sep, value = kv.partition("=")
+    fields = {f.name: f for f in dataclasses.fields(WarmStartConfig)}
+    if not sep or key not in fields:
+        raise SystemExit(f"--set: expected key=value with a WarmStartConfig field, found {kv!r}")
+    default = fields[key].default
+    try:
+        if isinstance(default, bool):
+            return key, {"true": True, "false": False}[value.lower()]
+        if default is None:  # teacher_top_k: an int, or none
+            return key, None if value.lower() == "none" else int(value)
+        return key, type(default)(value)
+    except (KeyError, ValueError):
+        kind = "int or none" if default is None else type(default).__name__
+        raise SystemExit(f"--set {key}: expected a {kind}, found {value!r}") from None
 
 
 def main() -> None:
@@ -164,11 +174,7 @@ def main() -> None:
         )
         print(json.dumps({"model": args.model, "device": device, **result}), flush=True)
         return
-    extra = {}
-    for kv in args.set:
-        key, value = kv.split("=", 1)
-        kind = type(getattr(WarmStartConfig, key))
-        extra[key] = value if kind is str else kind(float(value) if kind is int else value)
+    extra = dict(_setting(kv) for kv in args.set)
     seeds = eval_seeds()[: args.episodes]
     rows, made = [], {}
     for point in args.points.split(","):
