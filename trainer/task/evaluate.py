@@ -281,7 +281,7 @@ def summarize(results: list[EpisodeResult]) -> dict:
         "consistent_rate": round(consistent / checked, 4) if checked else 0.0,
         "invalid_rate": round(sum(r.stats.invalid for r in results) / turns, 4) if turns else 0.0,
         # invalid moves by the environment's reason, summed over the games (``repeated_guess``:
-        # a word already tried; ``not_in_word_list``, ...)
+        # a word already tried; ``not_a_word``, ...: wordle_env.rules.INVALID_MOVE_CODES)
         "invalid_reasons": dict(
             sorted(sum((Counter(r.stats.invalid_reasons) for r in results), Counter()).items())
         ),
