@@ -8,15 +8,18 @@ import pytest
 
 from trainer.task import warm_start, wordle_model
 from trainer.task.wordle_task import (
+    GRPO_SHARE,
     RESET_TEXT,
     EpisodeStats,
     call_message,
     episode_reward,
+    grpo_targets,
     guess_tool,
     held_out_targets,
     make_dataset,
     parse_call,
     prompt_messages,
+    warm_start_targets,
 )
 from wordle_env import wordlists
 from wordle_env.game import WordleGame
@@ -130,9 +133,26 @@ def test_solver_games_avoid_evaluation_words_and_play_to_the_end(games):
         assert words and len(set(words)) == len(words)  # no repeated guess
         assert "Game over." in messages[-2]["content"]
         assert all(w in wordlists.allowed_guesses() for w in words)
-    # the dataset's games skip evaluation words too
-    seeds = make_dataset(200)["seed"]
-    assert not {wordlists.target_for_seed(s) for s in seeds} & held_out
+        if "You win" in messages[-2]["content"]:  # the last guess is the target
+            assert words[-1] not in held_out and words[-1] not in grpo_targets()
+
+
+def test_warm_start_grpo_and_evaluation_play_three_disjoint_sets_of_targets():
+    """The warm start's teacher, GRPO's dataset and the evaluation never share a target word, and
+    together they cover every answer; GRPO gets about one in GRPO_SHARE of the rest."""
+    held_out, grpo, warm = held_out_targets(), grpo_targets(), set(warm_start_targets())
+    assert not held_out & grpo and not held_out & warm and not grpo & warm
+    assert held_out | grpo | warm == set(wordlists.answers())
+    assert 0.8 / GRPO_SHARE < len(grpo) / (len(grpo) + len(warm)) < 1.2 / GRPO_SHARE
+    seeds = make_dataset(300)["seed"]
+    played = [wordlists.target_for_seed(s) for s in seeds]
+    assert set(played) <= grpo and len(set(played)) > 200  # many distinct words, all GRPO's
+    # the teacher's games go through its targets before playing one again
+    targets = []
+    for messages in warm_start.solver_games(40, seed=9):
+        if "You win" in messages[-2]["content"]:
+            targets.append(messages[-3]["tool_calls"][0]["function"]["arguments"]["word"])
+    assert set(targets) <= warm and len(set(targets)) == len(targets)
 
 
 def test_the_teacher_shows_how_a_game_goes_on_after_a_repeated_word():

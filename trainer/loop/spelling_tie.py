@@ -22,35 +22,15 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from trainer.task import board
-from wordle_env import wordlists
+from trainer.task.spelling import AnswerRowSpan, SpellingTieError, spelling_features
 
-
-class SpellingTieError(ValueError):
-    """The model's tokenizer does not hold the Wordle answers as single tokens (only the local
-    ``tiny`` model does), so its answer rows cannot be tied to spelling."""
-
-
-def spelling_features(words: list[str]):
-    """The spelling features of ``words``: float32 tensor (len(words), 156), a one-hot letter at
-    each of the 5 positions (column ``26 * position + letter``) and one per distinct letter
-    (column ``130 + letter``)."""
-    import torch
-
-    idx = {c: i for i, c in enumerate(board.LETTERS)}
-    n_pos, n_letters = board.WORD_LENGTH, len(board.LETTERS)
-    s = torch.zeros(len(words), n_pos * n_letters + n_letters)
-    for row, word in enumerate(words):
-        for pos, c in enumerate(word):
-            s[row, pos * n_letters + idx[c]] = 1.0
-        for c in set(word):
-            s[row, n_pos * n_letters + idx[c]] = 1.0
-    return s
+__all__ = ["SpellingTieError", "SpellingTiedRows", "spelling_features"]
 
 
 class SpellingTiedRows(TrainerCallback):
     """Project the GRPO change of the answer rows (input and output embeddings) onto their
-    spelling features after every optimizer step (see the module docstring).
+    spelling features after every optimizer step (see the module docstring and
+    ``trainer.task.spelling.AnswerRowSpan``).
 
     Args:
         model: the trainer's ``Qwen3ForCausalLM`` (untied: input and output rows are separate).
@@ -61,33 +41,10 @@ class SpellingTiedRows(TrainerCallback):
     """
 
     def __init__(self, model, tokenizer):
-        import torch
-
-        words = list(wordlists.answers())
-        ids = tokenizer.convert_tokens_to_ids(words)
-        unk = tokenizer.unk_token_id
-        missing = [w for w, i in zip(words, ids, strict=True) if i is None or i == unk]
-        if missing:
-            raise SpellingTieError(
-                f"expected every Wordle answer as one token of the model's tokenizer (the local "
-                f"model's), found {len(missing)} that are not (e.g. {missing[0]!r}); tie answer "
-                "rows to spelling only with the local model (--model tiny)"
-            )
-        self.ids = torch.tensor(ids)
-        u, sv, _ = torch.linalg.svd(spelling_features(words).double(), full_matrices=False)
-        self.basis = u[:, sv > sv[0] * 1e-6].float()  # (answers, rank): orthonormal columns
-        self.weights = [model.get_input_embeddings().weight, model.get_output_embeddings().weight]
-        self.start = None
+        self.span = AnswerRowSpan(model, tokenizer)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        device = self.weights[0].device  # the trainer's (a GPU run holds the weights there)
-        self.ids, self.basis = self.ids.to(device), self.basis.to(device)
-        self.start = [w.detach()[self.ids].clone() for w in self.weights]
+        self.span.anchor()  # on the trainer's device (a GPU run holds the weights there)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        import torch
-
-        with torch.no_grad():
-            for w, w0 in zip(self.weights, self.start, strict=True):
-                d = w[self.ids] - w0
-                w[self.ids] = w0 + self.basis @ (self.basis.T @ d)
+        self.span.project()

@@ -63,6 +63,12 @@ class WarmStartConfig:
             a game go on after one. Off: at 0.3 (one run) the warm-started model stopped early
             in fewer games (0.05 -> 0.03) but repeated more and won less (held-out win 0.32 ->
             0.29; docs/BENCHMARKS.md section 6).
+        tie_rows: hold the answer rows to their spelling during SFT
+            (``trainer.task.spelling.AnswerRowSpan``), so the warm start learns nothing that
+            belongs to one word. Off: one run (default warm start, 512 held-out games) won more
+            (0.31 -> 0.38; repeats 0.082 -> 0.046 a turn) but was less consistent (0.46 -> 0.39),
+            and GRPO from it gained +0.007 +- 0.010, its training reward flat (docs/BENCHMARKS.md
+            section 6).
         seed: games, init and data order.
         threads: torch CPU threads.
     """
@@ -81,16 +87,17 @@ class WarmStartConfig:
     teacher_top_k: int | None = None
     n_openers: int = 7
     soft: bool = True
+    tie_rows: bool = False
     seed: int = 0
     threads: int = 2
 
 
 def _key(cfg: WarmStartConfig) -> str:
-    from trainer.task import board, solver, wordle_model, wordle_task
+    from trainer.task import board, solver, spelling, wordle_model, wordle_task
     from wordle_env import wordlists
 
     h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
-    for mod in (board, solver, wordle_model, wordle_task):
+    for mod in (board, solver, spelling, wordle_model, wordle_task):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     with open(__file__, "rb") as f:
@@ -104,20 +111,21 @@ def _key(cfg: WarmStartConfig) -> str:
 def solver_games(
     n: int, seed: int, explore: float = 0.0, board: bool = True, **solver
 ) -> list[list[dict]]:
-    """``n`` solver games (message lists) on answers that are not evaluation words; ``explore``
-    and ``solver`` (``top_k``, ``n_openers``) as in ``trainer.task.solver.solver_guesses``, ``board``
+    """``n`` solver games (message lists) on the warm start's targets
+    (``trainer.task.wordle_task.warm_start_targets``: never an evaluation word, never one of
+    GRPO's), each target once in a shuffled pass before any comes again; ``explore`` and
+    ``solver`` (``top_k``, ``n_openers``) as in ``trainer.task.solver.solver_guesses``, ``board``
     as in :class:`WarmStartConfig`."""
-    from trainer.task.wordle_task import held_out_targets, solver_conversation
-    from wordle_env import wordlists
+    from trainer.task.wordle_task import solver_conversation, warm_start_targets
     from wordle_env.game import WordleGame
 
     rng = random.Random(seed)
-    held_out = held_out_targets()
-    pool = [w for w in wordlists.answers() if w not in held_out]
-    return [
-        solver_conversation(WordleGame(rng.choice(pool)), rng, explore, board, **solver)
-        for _ in range(n)
-    ]
+    pool, order, games = warm_start_targets(), [], []
+    for _ in range(n):
+        if not order:
+            order = rng.sample(pool, len(pool))
+        games.append(solver_conversation(WordleGame(order.pop()), rng, explore, board, **solver))
+    return games
 
 
 def render(messages: list[dict], tokenizer) -> str:
@@ -216,10 +224,11 @@ def _batches(seqs, tokens_per_batch: int, rng: random.Random):
     yield from batches
 
 
-def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
+def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, span=None) -> dict:
     """Supervised fine-tuning, loss on masked (assistant) tokens only, on the device that holds
     ``model`` (the local run: the CPU; ``bench/bench_warm_start_scale.py``: a GPU where there is
-    one). Returns figures."""
+    one). ``span``: a ``trainer.task.spelling.AnswerRowSpan`` of ``model`` to hold the answer rows
+    to their spelling after every optimizer step (``cfg.tie_rows``), or None. Returns figures."""
     import torch
 
     device = next(model.parameters()).device
@@ -238,6 +247,8 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    if span is not None:
+        span.anchor()
     model.train()
     step, t0, tokens, last = 0, time.perf_counter(), 0, None
     from tqdm import tqdm
@@ -281,6 +292,8 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int) -> dict:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            if span is not None:
+                span.project()
             sched.step()
             opt.zero_grad(set_to_none=True)
             tokens += int(attn.sum())
@@ -327,7 +340,13 @@ def build(cfg: WarmStartConfig, device: str = "cpu", games=None) -> tuple[Any, A
         ids, mask = encode_with_mask(text, tokenizer, _trained_turns(game))
         seqs.append((ids, mask, soft_targets(ids, mask, game, tokenizer) if cfg.soft else []))
     model = wordle_model.build_model(tokenizer, cfg.seed, cfg.hidden_size, cfg.layers, cfg.init)
-    figures = train_sft(model.to(device), seqs, cfg, tokenizer.pad_token_id)
+    model = model.to(device)
+    span = None
+    if cfg.tie_rows:
+        from trainer.task.spelling import AnswerRowSpan
+
+        span = AnswerRowSpan(model, tokenizer)
+    figures = train_sft(model, seqs, cfg, tokenizer.pad_token_id, span)
     figures["game_tokens_mean"] = sum(len(q[0]) for q in seqs) / len(seqs)
     return model, tokenizer, figures
 

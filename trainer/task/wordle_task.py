@@ -21,6 +21,8 @@ the server address comes from the environment (``DELTASYNC_ENV_URL``).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -71,16 +73,53 @@ def prompt_messages() -> list[dict]:
     ]
 
 
+# One in GRPO_SHARE of the answers that are not evaluation words is a GRPO target, the others are
+# the warm start's (:func:`grpo_targets`).
+GRPO_SHARE = 3
+_SPLIT_SALT = b"deltasync-target-split:"
+
+
+@functools.lru_cache(maxsize=1)
+def grpo_targets() -> frozenset:
+    """The words GRPO's games are played on: one in ``GRPO_SHARE`` of the answers that are not
+    held out (1,021 of 3,084), chosen by ``sha256(salt + word)`` so every process and session
+    agrees. The warm start's teacher plays the others (:func:`warm_start_targets`).
+
+    Three disjoint sets of targets, as a train/validation/test split: the warm start learns
+    its targets by heart (it wins 0.47 of games on them and 0.31 on words it never saw as a
+    target), and GRPO on those targets trained that memorised play, which held-out words do not
+    share; on words the warm start never saw as a target, GRPO's games are like the held-out
+    ones (held-out gain +0.015 -> +0.025 a run; docs/BENCHMARKS.md section 6, "GRPO on words the
+    warm start never saw as a target")."""
+    held_out = held_out_targets()
+    return frozenset(
+        w
+        for w in wordlists.answers()
+        if w not in held_out
+        and int.from_bytes(hashlib.sha256(_SPLIT_SALT + w.encode()).digest()[:8], "big")
+        % GRPO_SHARE
+        == 0
+    )
+
+
+def warm_start_targets() -> list[str]:
+    """The warm start's target words, in the answer list's order: the answers that are neither
+    held out (:func:`held_out_targets`) nor GRPO's (:func:`grpo_targets`)."""
+    held_out, grpo = held_out_targets(), grpo_targets()
+    return [w for w in wordlists.answers() if w not in held_out and w not in grpo]
+
+
 def make_dataset(n_rows: int, seed: int = 0):
-    """``datasets.Dataset`` of ``n_rows`` games: a chat ``prompt`` and the game's ``seed``; seeds
-    whose target is an evaluation word are skipped."""
+    """``datasets.Dataset`` of ``n_rows`` games: a chat ``prompt`` and the game's ``seed``, only
+    seeds whose target is one of GRPO's words (:func:`grpo_targets`): never an evaluation word,
+    never one the warm start's teacher played."""
     from datasets import Dataset
 
-    held_out = held_out_targets()
+    targets = grpo_targets()
     seeds, i = [], 0
     while len(seeds) < n_rows:
         s = seed * 1_000_003 + i
-        if wordlists.target_for_seed(s) not in held_out:
+        if wordlists.target_for_seed(s) in targets:
             seeds.append(s)
         i += 1
     return Dataset.from_dict({"prompt": [prompt_messages()] * n_rows, "seed": seeds})
