@@ -66,8 +66,9 @@ class TrainConfig:
             theirs 60 s apart there). On a local bucket: every health check.
         env_url: the Wordle environment server's URL. None: start one locally.
         max_steps: optimizer steps (55 for the local default: with the warm start, the whole
-            run fits 15 minutes on 2 cores at about 8 s a step; 75-85 steps gained no more on
-            held-out games, docs/BENCHMARKS.md section 6).
+            run fits 15 minutes on 2 cores at 6-8 s a step and gains about +0.02 on held-out
+            games; 100 steps gained +0.030 in one run, about 17 minutes; docs/BENCHMARKS.md
+            section 6).
         learning_rate: AdamW learning rate. None: 2e-4 for the ~2.7 M-parameter local model (at
             1e-5 its bf16 weights, which the replica serves, barely move: an update smaller than
             half a bf16 ulp of a weight is lost in the rounding; the handout experiment's policy
