@@ -128,9 +128,8 @@ def test_a_warm_start_with_tied_rows_learns_nothing_that_belongs_to_one_word(tok
     cfg = dataclasses.replace(
         warm_start.WarmStartConfig(), games=12, epochs=1, tokens_per_batch=2048, tie_rows=tie
     )
-    renderer_games = warm_start.solver_games(cfg.games, seed=1)
     seqs = []
-    for game in renderer_games:
+    for game in warm_start.solver_games(cfg.games, seed=1):
         ids, mask = warm_start.encode_with_mask(
             warm_start.render(game, tokenizer), tokenizer, warm_start._trained_turns(game)
         )

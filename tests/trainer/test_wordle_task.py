@@ -147,12 +147,25 @@ def test_warm_start_grpo_and_evaluation_play_three_disjoint_sets_of_targets():
     seeds = make_dataset(300)["seed"]
     played = [wordlists.target_for_seed(s) for s in seeds]
     assert set(played) <= grpo and len(set(played)) > 200  # many distinct words, all GRPO's
-    # the teacher's games go through its targets before playing one again
+
+
+def test_the_teacher_plays_each_of_its_targets_once_before_any_again(monkeypatch):
+    import wordle_env.game
+    from trainer.task import wordle_task
+
+    pool = wordle_task.warm_start_targets()[:10]
+    monkeypatch.setattr(wordle_task, "warm_start_targets", lambda: list(pool))
     targets = []
-    for messages in warm_start.solver_games(40, seed=9):
-        if "You win" in messages[-2]["content"]:
-            targets.append(messages[-3]["tool_calls"][0]["function"]["arguments"]["word"])
-    assert set(targets) <= warm and len(set(targets)) == len(targets)
+
+    class RecordingGame(WordleGame):
+        def __init__(self, target, *args, **kwargs):
+            targets.append(target)
+            super().__init__(target, *args, **kwargs)
+
+    monkeypatch.setattr(wordle_env.game, "WordleGame", RecordingGame)
+    assert len(warm_start.solver_games(25, seed=9)) == 25
+    assert sorted(targets[:10]) == sorted(pool) and sorted(targets[10:20]) == sorted(pool)
+    assert set(targets[20:]) <= set(pool) and len(set(targets[20:])) == 5
 
 
 def test_the_teacher_shows_how_a_game_goes_on_after_a_repeated_word():
