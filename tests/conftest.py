@@ -1,6 +1,7 @@
 """Suite-wide hooks and fixtures: tests marked ``gpu`` skip, reason printed (``-ra``), where torch
 sees no CUDA GPU (where it sees one they run with the rest; ``make test-gpu`` runs only them); the
-end-to-end module is collected first; one warm-start cache for the session."""
+end-to-end module is collected first; one warm-start cache for the session; the real model of
+``make model``, converted once."""
 
 import importlib.util
 
@@ -53,3 +54,20 @@ def e2e_warm_start(tmp_path_factory) -> dict:
     with FileLock(str(shared / "warm-start-cache.lock")):
         initial_model(TrainConfig(cache_dir=str(cache), **E2E_WARM_START))
     return {**E2E_WARM_START, "cache_dir": str(cache)}
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> str:
+    """The real pretrained chat model of ``make model`` (SmolLM2-135M-Instruct from a pinned
+    PyPI package, ``tools.real_model``), converted once into ``runs/models`` and shared by every
+    test and worker (a file lock makes a second worker wait for the first one's conversion)."""
+    import os
+
+    from filelock import FileLock
+
+    from tools.real_model import real_model
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs")
+    os.makedirs(os.path.join(root, "models"), exist_ok=True)
+    with FileLock(os.path.join(root, "models", ".convert.lock")):
+        return real_model(os.path.join(root, "models"))

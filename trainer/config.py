@@ -27,6 +27,20 @@ _VERSIONED = re.compile(r".*-v[0-9]+")
 # most EVAL_SEED_COUNT: 512 seeds hold out 484 of the 3,568 answers.
 EVAL_SEED_FIRST = 900_000
 EVAL_SEED_COUNT = 512
+# Teacher games of the warm start of a hub model that has never been shown a tool
+# (``TrainConfig.hub_warm_start_games``): about 6 minutes of SFT for SmolLM2-135M on 2 cores.
+HUB_WARM_START_GAMES = 48
+# A hub model (or model folder) trained without CUDA: settings that fit a 2-core machine, used for
+# every one of these not given on the command line or in the environment (``from_args``). A
+# 135 M-parameter model trains ~100 tokens a second there and its episodes are ~1,300 tokens; the
+# replica plays a 5-guess game in ~10 s. docs/BENCHMARKS.md section 8.
+HUB_CPU_DEFAULTS = {
+    "num_generations": 4,
+    "per_device_train_batch_size": 8,
+    "token_budget": 6144,
+    "eval_episodes": 64,
+    "eval_curve_episodes": 16,
+}
 
 
 class EvalConfigError(ValueError):
@@ -163,6 +177,11 @@ class TrainConfig:
             ``embed_tokens``: vLLM serves no LoRA there).
         adapter_name: the stable model name rollouts and evaluations request; each replica maps
             it to the newest adapter version it loaded (``{adapter_name}-v{N}``).
+        hub_warm_start_games: teacher games a hub model (or model folder) is fine-tuned on before
+            GRPO (``trainer.task.hub_warm_start``; cut to their first 3 calls; 0: none). None:
+            ``HUB_WARM_START_GAMES`` when the model's chat template has no tools (it has never
+            been shown one: SmolLM2-135M-Instruct wrote 0 parsable calls in 512 games), else 0
+            (Qwen3 keeps its own tool calling).
     """
 
     bucket: str | None = field(default=None, metadata={"env": "BUCKET"})
@@ -214,6 +233,7 @@ class TrainConfig:
     lora_alpha: int = 16
     lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     adapter_name: str = "policy"
+    hub_warm_start_games: int | None = None
 
     def __post_init__(self) -> None:
         check_adapter_settings(self)
@@ -265,6 +285,13 @@ class TrainConfig:
         if self.model_id() == TINY:
             return 2e-4
         return 1e-5 if self.adapter else 1e-6
+
+    def hub_warm_start_game_count(self, template_swapped: bool) -> int:
+        """Teacher games of a hub model's warm start (see ``hub_warm_start_games``);
+        ``template_swapped``: the model's own template had no tools."""
+        if self.hub_warm_start_games is not None:
+            return self.hub_warm_start_games
+        return HUB_WARM_START_GAMES if template_swapped else 0
 
     def target_modules(self) -> list[str]:
         """``lora_target_modules`` as a list of module names."""
@@ -338,6 +365,19 @@ def space_headers(url: str, hf_token: str | None) -> dict[str, str]:
     return {}
 
 
+def hub_cpu_defaults(kw: dict, cuda: bool | None = None) -> dict:
+    """``kw`` (the settings given) with ``HUB_CPU_DEFAULTS`` for those not given, when the run
+    trains a hub model (not ``tiny``) without CUDA (``cuda``: None asks torch); else ``kw``."""
+    probe = TrainConfig(**{k: v for k, v in kw.items() if k in ("bucket", "model")})
+    if probe.model_id() == TINY:
+        return kw
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    return kw if cuda else {**HUB_CPU_DEFAULTS, **kw}
+
+
 def _parse_bool(s: str) -> bool:
     if s.lower() in ("1", "true", "yes", "on"):
         return True
@@ -394,6 +434,7 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     kw.update({k: v for k, v in vars(ns).items() if v is not None})
     if kw.get("bucket") and "run_id" not in kw:
         kw["run_id"] = kw["bucket"].rstrip("/").split("/")[-1]
+    kw = hub_cpu_defaults(kw)
     try:
         return TrainConfig(**kw)
     except AdapterConfigError as e:

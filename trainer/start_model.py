@@ -3,6 +3,7 @@ bucket already holds versions, those weights (restart)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -15,10 +16,29 @@ log = logging.getLogger("trainer")
 
 def initial_model(cfg: TrainConfig) -> tuple[str, float]:
     """The model a new run starts from and the seconds spent building it: for ``tiny``, the
-    warm-started local model (``trainer.task.warm_start``, cached under ``runs/cache``)."""
+    warm-started local model (``trainer.task.warm_start``, cached under ``runs/cache``); for a
+    hub id or a folder, the model with a tool-capable chat template
+    (``trainer.task.chat_format.with_tool_template``) and, when ``cfg.hub_warm_start_game_count`` asks for
+    games, its warm start on the teacher's games (``trainer.task.hub_warm_start``, cached).
+
+    Raises:
+        trainer.task.chat_format.ChatTemplateError: the model's template has no tools and is not
+            ChatML.
+    """
     model = cfg.model_id()
+    cache = cfg.cache_dir or os.path.join(cfg.runs_root, "cache")
     if model != TINY:
-        return model, 0.0
+        from trainer.task.chat_format import with_tool_template
+
+        name = os.path.basename(os.path.normpath(model)).lower()
+        digest = hashlib.sha256(os.path.abspath(model).encode()).hexdigest()[:8]
+        with_tools = with_tool_template(model, os.path.join(cache, f"tools-{name}-{digest}"))
+        games = cfg.hub_warm_start_game_count(template_swapped=with_tools != model)
+        if not games:
+            return with_tools, 0.0
+        from trainer.task.hub_warm_start import HubWarmStartConfig, hub_warm_start
+
+        return hub_warm_start(cache, with_tools, HubWarmStartConfig(games=games, seed=cfg.seed))
     from trainer.task.warm_start import WarmStartConfig, warm_start
 
     ws = WarmStartConfig(
@@ -28,7 +48,7 @@ def initial_model(cfg: TrainConfig) -> tuple[str, float]:
         hidden_size=cfg.model_hidden_size,
         layers=cfg.model_layers,
     )
-    return warm_start(cfg.cache_dir or os.path.join(cfg.runs_root, "cache"), ws)
+    return warm_start(cache, ws)
 
 
 def resume_point(cfg: TrainConfig, store: Store, model: str) -> str:

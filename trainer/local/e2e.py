@@ -384,7 +384,9 @@ def main() -> None:
         help="train a LoRA adapter instead of full weights (ADAPTER=lora): the same journey",
     )
     p.add_argument(
-        "--model", default=None, help="the model to start from (default: the warm-started tiny one)"
+        "--model",
+        default=os.environ.get("MODEL") or None,
+        help="the model to start from (MODEL=; default: the warm-started tiny one)",
     )
     a = p.parse_args()
     logging.basicConfig(

@@ -250,7 +250,9 @@ def start_replica(
         "VLLM_PORT": str(free_port()),
         "REPLICA_ID": replica_id,
         "POLL_INTERVAL_S": "0.5",
-        "MAX_MODEL_LEN": "2048",
+        # a whole Wordle episode of a BPE model (SmolLM2's: up to 2,176 tokens, the context check's
+        # bound) fits; 4096 is the Space's default too (rollout/config.py)
+        "MAX_MODEL_LEN": "4096",
         "HF_HUB_OFFLINE": "1",
         "HEARTBEAT_INTERVAL_S": "2",
         # --enforce-eager skips a ~50 s compile step on the CPU build. One process for the engine

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from trainer.task.chat_format import rollout_template
 from trainer.task.wordle_task import (
     MAX_TURNS,
     EpisodeStats,
@@ -66,21 +67,6 @@ class EvalError(RuntimeError):
     """The replica or the Wordle server did not answer an evaluation request usably."""
 
 
-def _chat_template(tokenizer):
-    """The template TRL's rollout uses: the tokenizer's own when prefix-preserving, else TRL's
-    training template (e.g. Qwen3-0.6B)."""
-    from trl.chat_template_utils import (
-        get_training_chat_template,
-        is_chat_template_prefix_preserving,
-    )
-
-    return (
-        None
-        if is_chat_template_prefix_preserving(tokenizer)
-        else get_training_chat_template(tokenizer)
-    )
-
-
 class ContextTooShortError(ValueError):
     """A full episode does not fit the replica's context length."""
 
@@ -118,7 +104,7 @@ def check_context(replica_url: str, tokenizer_path: str, max_tokens: int, header
         tools=[guess_tool()],
         tokenize=True,
         return_dict=False,
-        chat_template=_chat_template(tokenizer),
+        chat_template=rollout_template(tokenizer),
         enable_thinking=False,
     )
     worst = len(ids) + MAX_TURNS * max_tokens  # as if every turn also ran to its cap
@@ -361,7 +347,7 @@ def evaluate(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    template = _chat_template(tokenizer)
+    template = rollout_template(tokenizer)
     name = model_name or served_model(replica_url, headers)
     clients = _ThreadClients(headers)
     with clients, ThreadPoolExecutor(workers) as pool:

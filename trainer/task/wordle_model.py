@@ -24,7 +24,6 @@ torch, transformers and tokenizers are imported inside the functions.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any
 
@@ -43,26 +42,15 @@ CALL_OPEN = '<tool_call>\n{"name": "guess", "arguments": {"word": "'
 CALL_CLOSE = '"}}\n</tool_call>'
 
 
-class ModelBuildError(RuntimeError):
-    """The local model could not be built (a missing package file, e.g. TRL's chat template)."""
-
-
 def chat_template() -> str:
     """TRL's Qwen3 (no thinking) chat template, read from the installed TRL package.
 
     Raises:
-        ModelBuildError: TRL is not installed or lacks the template file.
+        trainer.task.chat_format.ChatTemplateError: TRL is not installed or lacks the file.
     """
-    spec = importlib.util.find_spec("trl")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(root, "chat_templates", TEMPLATE_FILE)
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                return f.read()
-    raise ModelBuildError(
-        f"expected TRL's chat template chat_templates/{TEMPLATE_FILE} in the installed trl "
-        "package, found none; install the trainer extra (pip install -e '.[trainer]')"
-    )
+    from trainer.task.chat_format import trl_template
+
+    return trl_template(TEMPLATE_FILE)
 
 
 def build_tokenizer(corpus: list[str]) -> Any:

@@ -1,0 +1,185 @@
+"""The warm start of a pretrained chat model that has never been shown the ``guess`` tool.
+
+SmolLM2-135M-Instruct, given the Wordle prompt and the tool, wrote 0 parsable calls in 512
+held-out games (prose, code blocks, ``<tool_call2>``): GRPO would see no reward differences and
+publish nothing. Before GRPO, :func:`hub_warm_start` fine-tunes the model (every weight) on the
+teacher's games (``trainer.task.warm_start.solver_games``, the warm start's target words only),
+rendered with the model's own tokenizer and exactly the template the rollout uses
+(``trainer.task.chat_format.rollout_template``), the loss on the assistant turns only
+(``trainer.task.warm_start.train_sft`` with hard labels: the soft targets need one token per
+word, and in a BPE vocabulary a word is several).
+
+On 2 cores a forward and backward pass of a 135 M-parameter model runs at about 100 tokens a
+second, and a whole rendered game is about 1,100-1,300 tokens (the prompt with the tool schema is
+~330 of them), so each game is cut after its first ``turns`` calls: the format is in the first call,
+the words in every call (docs/BENCHMARKS.md section 8 has the figures of the chosen settings).
+
+The result is cached under ``<cache_dir>/hub-warm-start-<key>``, the key hashing the model
+folder's config and weight files, the settings and the task's code, like the local warm start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger("trainer.task.hub_warm_start")
+
+
+@dataclass(frozen=True)
+class HubWarmStartConfig:
+    """Settings of a pretrained model's warm start (part of the cache key).
+
+    Attributes:
+        games: teacher games in the SFT set (0: no warm start).
+        turns: calls kept of each game (the game is cut after the tool reply of the last one).
+        epochs: passes over the set.
+        tokens_per_batch: padded tokens per optimizer step.
+        learning_rate: AdamW peak learning rate (linear warm-up 5%, cosine decay to 10%;
+            ``trainer.task.warm_start.train_sft``). 5e-5 taught SmolLM2-135M the call format in
+            15 steps of 4 conversations (the handout's throwaway check).
+        explore: share of the teacher's later moves replaced by a random answer, kept out of the
+            loss (``trainer.task.warm_start.WarmStartConfig.explore``).
+        seed: games and data order.
+        threads: torch CPU threads.
+    """
+
+    games: int = 128
+    turns: int = 3
+    epochs: int = 1
+    tokens_per_batch: int = 4096
+    learning_rate: float = 5e-5
+    explore: float = 0.25
+    seed: int = 0
+    threads: int = 2
+
+
+def _model_digest(model_path: str) -> str:
+    """A digest of a model folder: its config and, per weight file, its name, size and first MiB
+    (enough to tell two checkpoints apart without reading hundreds of MB)."""
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(model_path)):
+        path = os.path.join(model_path, name)
+        if name == "config.json" or name.endswith(".jinja"):
+            with open(path, "rb") as f:
+                h.update(name.encode() + f.read())
+        elif name.endswith(".safetensors"):
+            with open(path, "rb") as f:
+                h.update(f"{name}:{os.path.getsize(path)}".encode() + f.read(1 << 20))
+    return h.hexdigest()
+
+
+def _key(model_path: str, cfg: HubWarmStartConfig) -> str:
+    from trainer.task import board, chat_format, solver, warm_start, wordle_task
+
+    h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
+    h.update(_model_digest(model_path).encode())
+    for mod in (board, chat_format, solver, warm_start, wordle_task):
+        with open(mod.__file__, "rb") as f:
+            h.update(f.read())
+    with open(__file__, "rb") as f:
+        h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def cut(messages: list[dict], turns: int) -> list[dict]:
+    """The game ``messages`` (prompt, then call / tool reply pairs, then a final assistant
+    message) up to the tool reply of its ``turns``-th call; the whole game when it is shorter."""
+    out, calls = [], 0
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            if calls == turns:
+                break
+            calls += 1
+        out.append(m)
+    return out
+
+
+def encoded_games(cfg: HubWarmStartConfig, tokenizer) -> list[tuple[list[int], list[int], list]]:
+    """The SFT set: ``(token ids, 0/1 assistant mask, [])`` per teacher game, cut to
+    ``cfg.turns`` calls and rendered as the rollout renders it."""
+    from trainer.task import warm_start as ws
+    from trainer.task.chat_format import rollout_template
+    from trainer.task.wordle_task import guess_tool
+
+    template = rollout_template(tokenizer)
+    seqs = []
+    for game in ws.solver_games(cfg.games, cfg.seed, cfg.explore):
+        game = cut(game, cfg.turns)
+        text = tokenizer.apply_chat_template(
+            game,
+            tools=[guess_tool()],
+            tokenize=False,
+            enable_thinking=False,
+            chat_template=template,
+        )
+        ids, mask = ws.encode_with_mask(text, tokenizer, ws._trained_turns(game))
+        seqs.append((ids, mask, []))
+    return seqs
+
+
+def hub_warm_start(
+    cache_dir: str, model_path: str, cfg: HubWarmStartConfig | None = None
+) -> tuple[str, float]:
+    """The warm-started copy of the pretrained model at ``model_path`` (a folder whose chat
+    template handles tools: ``trainer.task.chat_format.with_tool_template``), built once, then
+    cached.
+
+    Returns:
+        ``(model folder, seconds spent building it)``; 0 seconds when it came from the cache.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.task import warm_start as ws
+
+    cfg = cfg or HubWarmStartConfig()
+    path = os.path.abspath(os.path.join(cache_dir, f"hub-warm-start-{_key(model_path, cfg)}"))
+    if os.path.exists(os.path.join(path, "warm_start.json")):
+        log.info("warm start: cached model %s", path)
+        return path, 0.0
+    t0 = time.perf_counter()
+    torch.set_num_threads(cfg.threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    seqs = encoded_games(cfg, tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    sft = ws.WarmStartConfig(
+        games=cfg.games,
+        epochs=cfg.epochs,
+        tokens_per_batch=cfg.tokens_per_batch,
+        learning_rate=cfg.learning_rate,
+        seed=cfg.seed,
+        soft=False,
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    figures = ws.train_sft(model, seqs, sft, pad_id)
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    figures.update(
+        config=asdict(cfg),
+        base=os.path.abspath(model_path),
+        game_tokens_mean=sum(len(s[0]) for s in seqs) / len(seqs),
+        build_s=time.perf_counter() - t0,
+    )
+    with open(os.path.join(tmp, "warm_start.json"), "w") as f:
+        json.dump(figures, f, indent=1)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    log.info(
+        "warm start of %s: %d SFT steps on %d games in %.0fs (%.0f tok/s), loss %.3f -> %s",
+        model_path,
+        figures["steps"],
+        cfg.games,
+        figures["train_s"],
+        figures["tok_s"],
+        figures["loss_last"],
+        path,
+    )
+    return path, figures["build_s"]
