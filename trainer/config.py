@@ -33,7 +33,7 @@ HUB_WARM_START_GAMES = 48
 # A hub model (or model folder) trained without CUDA: settings that fit a 2-core machine, used for
 # every one of these not given on the command line or in the environment (``from_args``). A
 # 135 M-parameter model trains ~100 tokens a second there and its episodes are ~1,300 tokens; the
-# replica plays a 5-guess game in ~10 s. docs/BENCHMARKS.md section 8.
+# replica plays a 5-guess game in ~10 s. docs/BENCHMARKS.md section 11.
 HUB_CPU_DEFAULTS = {
     "num_generations": 4,
     "per_device_train_batch_size": 8,

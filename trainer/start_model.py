@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import multiprocessing
 import os
 import shutil
 
@@ -38,7 +39,12 @@ def initial_model(cfg: TrainConfig) -> tuple[str, float]:
             return with_tools, 0.0
         from trainer.task.hub_warm_start import HubWarmStartConfig, hub_warm_start
 
-        return hub_warm_start(cache, with_tools, HubWarmStartConfig(games=games, seed=cfg.seed))
+        # In a child process: its SFT peaked at ~10 GB of activations (SmolLM2-135M, 4k-token
+        # batches) that this process would keep as freed heap beside TRL's model.
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(1) as pool:
+            ws = HubWarmStartConfig(games=games, seed=cfg.seed)
+            return pool.apply(_logged, (hub_warm_start, cache, with_tools, ws))
     from trainer.task.warm_start import WarmStartConfig, warm_start
 
     ws = WarmStartConfig(
@@ -49,6 +55,14 @@ def initial_model(cfg: TrainConfig) -> tuple[str, float]:
         layers=cfg.model_layers,
     )
     return warm_start(cache, ws)
+
+
+def _logged(fn, *args):
+    """``fn(*args)`` in a spawned child, its log lines formatted as the trainer's."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return fn(*args)
 
 
 def resume_point(cfg: TrainConfig, store: Store, model: str) -> str:

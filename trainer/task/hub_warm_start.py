@@ -12,7 +12,7 @@ word, and in a BPE vocabulary a word is several).
 On 2 cores a forward and backward pass of a 135 M-parameter model runs at about 100 tokens a
 second, and a whole rendered game is about 1,100-1,300 tokens (the prompt with the tool schema is
 ~330 of them), so each game is cut after its first ``turns`` calls: the format is in the first call,
-the words in every call (docs/BENCHMARKS.md section 8 has the figures of the chosen settings).
+the words in every call (docs/BENCHMARKS.md section 11 has the figures of the chosen settings).
 
 The result is cached under ``<cache_dir>/hub-warm-start-<key>``, the key hashing the model
 folder's config and weight files, the settings and the task's code, like the local warm start.
@@ -45,6 +45,8 @@ class HubWarmStartConfig:
             15 steps of 4 conversations (the handout's throwaway check).
         explore: share of the teacher's later moves replaced by a random answer, kept out of the
             loss (``trainer.task.warm_start.WarmStartConfig.explore``).
+        frozen_layers: the lowest decoder layers (and the embedding, tied to the LM head in
+            SmolLM2) kept as pretrained: the backward pass stops above them.
         seed: games and data order.
         threads: torch CPU threads.
     """
@@ -55,6 +57,7 @@ class HubWarmStartConfig:
     tokens_per_batch: int = 4096
     learning_rate: float = 5e-5
     explore: float = 0.25
+    frozen_layers: int = 0
     seed: int = 0
     threads: int = 2
 
@@ -123,6 +126,65 @@ def encoded_games(cfg: HubWarmStartConfig, tokenizer) -> list[tuple[list[int], l
     return seqs
 
 
+def common_prefix(seqs: list[tuple[list[int], list[int], list]]) -> int:
+    """The length of the token prefix every game shares up to the token before its first
+    trained token (the system turn with the tool schema, the user turn): it is computed once per
+    optimizer step, without gradient, by :func:`shared_prefix_forward`."""
+    first = seqs[0][0]
+    n = min(len(ids) for ids, _, _ in seqs)
+    for ids, mask, _ in seqs:
+        k = 0
+        while k < n and ids[k] == first[k] and not mask[k]:
+            k += 1
+        n = k
+    return max(0, n - 1)  # the suffix starts with the token that predicts the first trained one
+
+
+def shared_prefix_forward(prefix_ids: list[int]):
+    """A ``forward(model, ids, attn)`` for ``trainer.task.warm_start.train_sft`` whose batch
+    holds only the games' suffixes after ``prefix_ids``: the prefix's keys and values are computed
+    once per call without gradient (the weights changed since the last step) and shared by the
+    batch's rows through the decoder's KV cache, so a game costs its suffix (~330 of ~780 tokens
+    at 3 calls) instead of the whole text. The loss's tokens all lie in the suffix; what is lost
+    is the gradient through the prefix's keys and values. Returns the (B, T, H) hidden states of
+    the suffix tokens, equal to the full forward's (``tests/trainer/test_real_model_chat.py``)."""
+    import torch
+    from transformers import DynamicCache
+
+    prefix = torch.tensor([prefix_ids])
+
+    def forward(model, ids, attn):
+        b, w = ids.shape
+        p = prefix.shape[1]
+        with torch.no_grad():
+            cache = model.model(input_ids=prefix.to(ids.device), use_cache=True).past_key_values
+        kv = [
+            (layer.keys.expand(b, -1, -1, -1), layer.values.expand(b, -1, -1, -1))
+            for layer in cache.layers
+        ]
+        mask = torch.cat([torch.ones(b, p, dtype=attn.dtype, device=attn.device), attn], 1)
+        pos = torch.arange(p, p + w, device=ids.device)[None].expand(b, -1)
+        out = model.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=DynamicCache(ddp_cache_data=kv),
+            use_cache=True,
+        )
+        return out.last_hidden_state
+
+    return forward
+
+
+def freeze_lower(model, layers: int) -> None:
+    """Keep the embedding and the lowest ``layers`` decoder layers as they are (no gradient)."""
+    if layers <= 0:
+        return
+    model.model.embed_tokens.requires_grad_(False)
+    for layer in model.model.layers[:layers]:
+        layer.requires_grad_(False)
+
+
 def hub_warm_start(
     cache_dir: str, model_path: str, cfg: HubWarmStartConfig | None = None
 ) -> tuple[str, float]:
@@ -157,7 +219,13 @@ def hub_warm_start(
         soft=False,
     )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    figures = ws.train_sft(model, seqs, sft, pad_id)
+    freeze_lower(model, cfg.frozen_layers)
+    p = common_prefix(seqs)
+    suffixes = [(ids[p:], mask[p:], soft) for ids, mask, soft in seqs]
+    figures = ws.train_sft(
+        model, suffixes, sft, pad_id, forward=shared_prefix_forward(seqs[0][0][:p])
+    )
+    model.requires_grad_(True)
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.to(torch.bfloat16).save_pretrained(tmp)
@@ -166,6 +234,7 @@ def hub_warm_start(
         config=asdict(cfg),
         base=os.path.abspath(model_path),
         game_tokens_mean=sum(len(s[0]) for s in seqs) / len(seqs),
+        shared_prefix_tokens=p,
         build_s=time.perf_counter() - t0,
     )
     with open(os.path.join(tmp, "warm_start.json"), "w") as f:

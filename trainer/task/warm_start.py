@@ -224,11 +224,14 @@ def _batches(seqs, tokens_per_batch: int, rng: random.Random):
     yield from batches
 
 
-def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, span=None) -> dict:
+def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, span=None, forward=None) -> dict:
     """Supervised fine-tuning, loss on masked (assistant) tokens only, on the device that holds
     ``model`` (the local run: the CPU; ``bench/bench_warm_start_scale.py``: a GPU where there is
     one). ``span``: a ``trainer.task.spelling.AnswerRowSpan`` of ``model`` to hold the answer rows
-    to their spelling after every optimizer step (``cfg.tie_rows``), or None. Returns figures."""
+    to their spelling after every optimizer step (``cfg.tie_rows``), or None. ``forward(model,
+    ids, attn)``: the (B, T, H) last hidden states of a padded batch (default: the decoder's
+    plain forward; ``trainer.task.hub_warm_start`` passes one that shares the games' common
+    prompt). Returns figures."""
     import torch
 
     device = next(model.parameters()).device
@@ -237,7 +240,8 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, span=None) -> dict
     rng = random.Random(cfg.seed)
     steps_per_epoch = sum(1 for _ in _batches(seqs, cfg.tokens_per_batch, random.Random(0)))
     total = steps_per_epoch * cfg.epochs
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
     warm = max(1, total // 20)
 
     def lr_at(step: int) -> float:
@@ -274,7 +278,10 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, span=None) -> dict
                 labels[r, : len(x)] = lab
             ids, labels, attn = ids.to(device), labels.to(device), attn.to(device)
             # The lm_head dominates the cost: apply it only where a label is trained.
-            hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
+            if forward is None:
+                hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
+            else:
+                hidden = forward(model, ids, attn)
             target = labels[:, 1:]
             keep = target != -100
             logits = model.lm_head(hidden[:, :-1][keep])
