@@ -3,7 +3,6 @@ bucket already holds versions, those weights (restart)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import multiprocessing
 import os
@@ -29,11 +28,9 @@ def initial_model(cfg: TrainConfig) -> tuple[str, float]:
     model = cfg.model_id()
     cache = cfg.cache_dir or os.path.join(cfg.runs_root, "cache")
     if model != TINY:
-        from trainer.task.chat_format import with_tool_template
+        from trainer.task.chat_format import tool_template_folder, with_tool_template
 
-        name = os.path.basename(os.path.normpath(model)).lower()
-        digest = hashlib.sha256(os.path.abspath(model).encode()).hexdigest()[:8]
-        with_tools = with_tool_template(model, os.path.join(cache, f"tools-{name}-{digest}"))
+        with_tools = with_tool_template(model, tool_template_folder(model, cache))
         games = cfg.hub_warm_start_game_count(template_swapped=with_tools != model)
         if not games:
             return with_tools, 0.0

@@ -152,3 +152,25 @@ def test_the_shared_prompt_forward_equals_the_full_forward(tool_model, tokenizer
         for r, (row, _, _) in enumerate(seqs):
             full = model.model(input_ids=torch.tensor([row])).last_hidden_state[0, p:]
             torch.testing.assert_close(shared[r, : lengths[r]], full, atol=2e-4, rtol=1e-4)
+
+
+def test_the_warm_start_is_built_once_in_bf16_with_the_tool_template(tool_model, tmp_path):
+    import json
+
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    from trainer.task.hub_warm_start import hub_warm_start
+
+    cfg = HubWarmStartConfig(games=2, turns=1)
+    path, build_s = hub_warm_start(str(tmp_path), tool_model, cfg)
+    assert build_s > 0 and hub_warm_start(str(tmp_path), tool_model, cfg) == (path, 0.0)
+    assert AutoTokenizer.from_pretrained(path).chat_template == chat_format.trl_template(
+        chat_format.CHATML_TOOL_TEMPLATE
+    )
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        assert {str(f.get_slice(n).get_dtype()) for n in f.keys()} == {"BF16"}
+    with open(os.path.join(path, "warm_start.json")) as f:
+        figures = json.load(f)
+    assert figures["steps"] >= 1 and figures["shared_prefix_tokens"] > 300
+    assert not os.path.exists(path + ".tmp")

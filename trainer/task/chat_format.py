@@ -17,6 +17,7 @@ tokenizer from the folder, all render the same text.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -95,6 +96,14 @@ def rollout_template(tokenizer) -> str | None:
     if is_chat_template_prefix_preserving(tokenizer):
         return None
     return get_training_chat_template(tokenizer)
+
+
+def tool_template_folder(model: str, cache_dir: str) -> str:
+    """Where :func:`with_tool_template` writes the derived folder of ``model`` (a hub id or a
+    folder) under ``cache_dir``: its base name and a digest of its absolute path."""
+    name = os.path.basename(os.path.normpath(model)).lower()
+    digest = hashlib.sha256(os.path.abspath(model).encode()).hexdigest()[:8]
+    return os.path.join(cache_dir, f"tools-{name}-{digest}")
 
 
 def with_tool_template(model_path: str, dst: str) -> str:

@@ -9,10 +9,12 @@ rendered with the model's own tokenizer and exactly the template the rollout use
 (``trainer.task.warm_start.train_sft`` with hard labels: the soft targets need one token per
 word, and in a BPE vocabulary a word is several).
 
-On 2 cores a forward and backward pass of a 135 M-parameter model runs at about 100 tokens a
-second, and a whole rendered game is about 1,100-1,300 tokens (the prompt with the tool schema is
-~330 of them), so each game is cut after its first ``turns`` calls: the format is in the first call,
-the words in every call (docs/BENCHMARKS.md section 11 has the figures of the chosen settings).
+On 2 cores a forward and backward pass of a 135 M-parameter model runs at about 100-140 tokens a
+second, and a whole rendered game is about 1,100-1,300 tokens, so each game is cut after its first
+``turns`` calls (~780 tokens), and the ~450 tokens every game shares (the system turn with the
+tool schema, the user turn) are computed once per step without gradient
+(:func:`shared_prefix_forward`): a game costs its ~330 suffix tokens. The format is in the first
+call, the words in every call (docs/BENCHMARKS.md section 11 has the figures of the settings).
 
 The result is cached under ``<cache_dir>/hub-warm-start-<key>``, the key hashing the model
 folder's config and weight files, the settings and the task's code, like the local warm start.
@@ -24,8 +26,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import time
 from dataclasses import asdict, dataclass
 
 log = logging.getLogger("trainer.task.hub_warm_start")
@@ -36,28 +36,32 @@ class HubWarmStartConfig:
     """Settings of a pretrained model's warm start (part of the cache key).
 
     Attributes:
-        games: teacher games in the SFT set (0: no warm start).
+        games: teacher games in the SFT set. The settings were chosen by measurement
+            (SmolLM2-135M-Instruct, 2 cores; first calls sampled at temperature 1 from 32 new
+            games: parsed / valid words; docs/BENCHMARKS.md section 11):
+            48 games, lr 5e-5, 4,096-token batches, whole texts (10 steps, 317 s): 20 / 4;
+            the same sharing the prompt (6 steps, 156 s): 0.09 of the replica's calls parsed;
+            48 games, lr 1e-4, 1,024-token batches, shared (24 steps, 202 s): 30 / 18;
+            96 games, the same (376 s): 32 / 27, the default. More optimizer steps, not more
+            tokens a step, taught the format.
         turns: calls kept of each game (the game is cut after the tool reply of the last one).
         epochs: passes over the set.
-        tokens_per_batch: padded tokens per optimizer step.
+        tokens_per_batch: padded tokens per optimizer step, the shared prompt not counted (about
+            3 games cut to 3 calls).
         learning_rate: AdamW peak learning rate (linear warm-up 5%, cosine decay to 10%;
-            ``trainer.task.warm_start.train_sft``). 5e-5 taught SmolLM2-135M the call format in
-            15 steps of 4 conversations (the handout's throwaway check).
+            ``trainer.task.warm_start.train_sft``).
         explore: share of the teacher's later moves replaced by a random answer, kept out of the
             loss (``trainer.task.warm_start.WarmStartConfig.explore``).
-        frozen_layers: the lowest decoder layers (and the embedding, tied to the LM head in
-            SmolLM2) kept as pretrained: the backward pass stops above them.
         seed: games and data order.
         threads: torch CPU threads.
     """
 
-    games: int = 128
+    games: int = 96
     turns: int = 3
     epochs: int = 1
-    tokens_per_batch: int = 4096
-    learning_rate: float = 5e-5
+    tokens_per_batch: int = 1024
+    learning_rate: float = 1e-4
     explore: float = 0.25
-    frozen_layers: int = 0
     seed: int = 0
     threads: int = 2
 
@@ -176,21 +180,12 @@ def shared_prefix_forward(prefix_ids: list[int]):
     return forward
 
 
-def freeze_lower(model, layers: int) -> None:
-    """Keep the embedding and the lowest ``layers`` decoder layers as they are (no gradient)."""
-    if layers <= 0:
-        return
-    model.model.embed_tokens.requires_grad_(False)
-    for layer in model.model.layers[:layers]:
-        layer.requires_grad_(False)
-
-
 def hub_warm_start(
     cache_dir: str, model_path: str, cfg: HubWarmStartConfig | None = None
 ) -> tuple[str, float]:
     """The warm-started copy of the pretrained model at ``model_path`` (a folder whose chat
     template handles tools: ``trainer.task.chat_format.with_tool_template``), built once, then
-    cached.
+    cached (``trainer.task.warm_start.cached_build``).
 
     Returns:
         ``(model folder, seconds spent building it)``; 0 seconds when it came from the cache.
@@ -201,54 +196,42 @@ def hub_warm_start(
     from trainer.task import warm_start as ws
 
     cfg = cfg or HubWarmStartConfig()
+
+    def build_into(tmp: str) -> dict:
+        torch.set_num_threads(cfg.threads)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        seqs = encoded_games(cfg, tokenizer)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        sft = ws.WarmStartConfig(
+            games=cfg.games,
+            epochs=cfg.epochs,
+            tokens_per_batch=cfg.tokens_per_batch,
+            learning_rate=cfg.learning_rate,
+            seed=cfg.seed,
+            soft=False,
+        )
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        p = common_prefix(seqs)
+        suffixes = [(ids[p:], mask[p:], soft) for ids, mask, soft in seqs]
+        forward = shared_prefix_forward(seqs[0][0][:p])
+        figures = ws.train_sft(model, suffixes, sft, pad_id, forward=forward)
+        model.to(torch.bfloat16).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        log.info(
+            "warm start of %s: %d SFT steps on %d games in %.0fs (%.0f tok/s), loss %.3f",
+            model_path,
+            figures["steps"],
+            cfg.games,
+            figures["train_s"],
+            figures["tok_s"],
+            figures["loss_last"],
+        )
+        return figures | {
+            "config": asdict(cfg),
+            "base": os.path.abspath(model_path),
+            "game_tokens_mean": sum(len(s[0]) for s in seqs) / len(seqs),
+            "shared_prefix_tokens": p,
+        }
+
     path = os.path.abspath(os.path.join(cache_dir, f"hub-warm-start-{_key(model_path, cfg)}"))
-    if os.path.exists(os.path.join(path, "warm_start.json")):
-        log.info("warm start: cached model %s", path)
-        return path, 0.0
-    t0 = time.perf_counter()
-    torch.set_num_threads(cfg.threads)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    seqs = encoded_games(cfg, tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    sft = ws.WarmStartConfig(
-        games=cfg.games,
-        epochs=cfg.epochs,
-        tokens_per_batch=cfg.tokens_per_batch,
-        learning_rate=cfg.learning_rate,
-        seed=cfg.seed,
-        soft=False,
-    )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    freeze_lower(model, cfg.frozen_layers)
-    p = common_prefix(seqs)
-    suffixes = [(ids[p:], mask[p:], soft) for ids, mask, soft in seqs]
-    figures = ws.train_sft(
-        model, suffixes, sft, pad_id, forward=shared_prefix_forward(seqs[0][0][:p])
-    )
-    model.requires_grad_(True)
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.to(torch.bfloat16).save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    figures.update(
-        config=asdict(cfg),
-        base=os.path.abspath(model_path),
-        game_tokens_mean=sum(len(s[0]) for s in seqs) / len(seqs),
-        shared_prefix_tokens=p,
-        build_s=time.perf_counter() - t0,
-    )
-    with open(os.path.join(tmp, "warm_start.json"), "w") as f:
-        json.dump(figures, f, indent=1)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-    log.info(
-        "warm start of %s: %d SFT steps on %d games in %.0fs (%.0f tok/s), loss %.3f -> %s",
-        model_path,
-        figures["steps"],
-        cfg.games,
-        figures["train_s"],
-        figures["tok_s"],
-        figures["loss_last"],
-        path,
-    )
-    return path, figures["build_s"]
+    return ws.cached_build(path, build_into)

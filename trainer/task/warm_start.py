@@ -358,6 +358,29 @@ def build(cfg: WarmStartConfig, device: str = "cpu", games=None) -> tuple[Any, A
     return model, tokenizer, figures
 
 
+def cached_build(path: str, build) -> tuple[str, float]:
+    """The finished build at ``path`` (it holds ``warm_start.json``), else ``build(tmp)``, which
+    writes a model folder into ``tmp`` and returns its figures, recorded in ``warm_start.json``
+    with ``build_s``; ``tmp`` is then renamed to ``path``, so a stopped build never looks finished.
+
+    Returns:
+        ``(path, seconds spent building)``; 0 seconds when it was there already.
+    """
+    if os.path.exists(os.path.join(path, "warm_start.json")):
+        log.info("warm start: cached model %s", path)
+        return path, 0.0
+    t0 = time.perf_counter()
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    figures = build(tmp)
+    figures["build_s"] = time.perf_counter() - t0
+    with open(os.path.join(tmp, "warm_start.json"), "w") as f:
+        json.dump(figures, f, indent=1)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path, figures["build_s"]
+
+
 def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str, float]:
     """The warm-started model folder for the local default (built once, then cached).
 
@@ -373,32 +396,20 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
     from trainer.task import wordle_model
 
     cfg = cfg or WarmStartConfig()
+
+    def build_into(tmp: str) -> dict:
+        torch.set_num_threads(cfg.threads)
+        model, tokenizer, figures = build(cfg)
+        wordle_model.save(model, tokenizer, tmp)
+        log.info(
+            "warm start: %d SFT steps in %.0fs (%.0f tok/s), loss %.3f",
+            figures["steps"],
+            figures["train_s"],
+            figures["tok_s"],
+            figures["loss_last"],
+        )
+        params = sum(p.numel() for p in model.parameters())
+        return figures | {"config": asdict(cfg), "params": params, "vocab": len(tokenizer)}
+
     path = os.path.abspath(os.path.join(cache_dir, f"warm-start-{_key(cfg)}"))
-    if os.path.exists(os.path.join(path, "warm_start.json")):
-        log.info("warm start: cached model %s", path)
-        return path, 0.0
-    t0 = time.perf_counter()
-    torch.set_num_threads(cfg.threads)
-    model, tokenizer, figures = build(cfg)
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    wordle_model.save(model, tokenizer, tmp)
-    figures.update(
-        config=asdict(cfg),
-        params=sum(p.numel() for p in model.parameters()),
-        vocab=len(tokenizer),
-        build_s=time.perf_counter() - t0,
-    )
-    with open(os.path.join(tmp, "warm_start.json"), "w") as f:
-        json.dump(figures, f, indent=1)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-    log.info(
-        "warm start: %d SFT steps in %.0fs (%.0f tok/s), loss %.3f -> %s",
-        figures["steps"],
-        figures["train_s"],
-        figures["tok_s"],
-        figures["loss_last"],
-        path,
-    )
-    return path, figures["build_s"]
+    return cached_build(path, build_into)
