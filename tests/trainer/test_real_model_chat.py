@@ -3,7 +3,8 @@
 tool template in a derived folder (weights linked, the original untouched), TRL's rollout parser
 accepts it, a ``guess`` call renders and parses back (several tokens a word, within a turn's
 token cap), malformed calls are scored below legal play, and the warm start trains on exactly the
-call tokens of games rendered as the rollout renders them."""
+call tokens of games rendered as the rollout renders them, shares their prompt without changing
+a hidden state, and is built once, in bf16, with the tool template."""
 
 from __future__ import annotations
 
