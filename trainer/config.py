@@ -402,7 +402,8 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     (env_url), ``RUN_ID`` (run_id), ``STEPS`` (max_steps), ``ADAPTER`` (adapter); then to the
     fields' defaults. Secrets (``repr=False``: ``HF_TOKEN`` -> hf_token, ``ROLLOUT_API_KEY`` ->
     rollout_api_key) come from the environment only. With a bucket and no run id, the run id is
-    the bucket's last path part.
+    the bucket's last path part. A hub model trained without CUDA takes ``HUB_CPU_DEFAULTS`` for
+    the settings not given (:func:`hub_cpu_defaults`).
 
     Raises:
         SystemExit: (code 2, from argparse) a flag or a variable whose value does not parse, or
