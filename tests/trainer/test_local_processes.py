@@ -1,6 +1,7 @@
 """``free_port``: the port a local child is told to bind stays free while the machine opens
 other connections and other servers pick ports with ``bind(0)`` (CI once saw a replica's front
-exit with "address already in use" 20 s after its port was chosen)."""
+exit with "address already in use" 20 s after its port was chosen); the local replica's context
+fits its model (vLLM refuses one longer than the model's positions)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,14 @@ def test_a_local_replica_waits_passively_only_when_the_trainer_does(monkeypatch)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     processes.start_replica("file:///nowhere", "model", "/tmp")
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_the_local_replica_context_fits_the_model(tmp_path):
+    import json
+
+    from trainer.local.processes import LOCAL_MAX_MODEL_LEN, local_max_model_len
+
+    assert local_max_model_len("Qwen/Qwen3-0.6B") == LOCAL_MAX_MODEL_LEN  # a hub id
+    for own, expected in ((2048, 2048), (8192, LOCAL_MAX_MODEL_LEN)):  # vLLM refuses more
+        (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": own}))
+        assert local_max_model_len(str(tmp_path)) == expected

@@ -8,6 +8,7 @@ environment variables a Hugging Face Space would set.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -236,6 +237,22 @@ def log_to_file(path: str) -> logging.Handler:
     return handler
 
 
+# The local replica's context: a whole Wordle episode of a BPE model (SmolLM2's: up to 2,176
+# tokens, the context check's bound) fits; 4096 is the Space's default too (rollout/config.py).
+LOCAL_MAX_MODEL_LEN = 4096
+
+
+def local_max_model_len(model: str) -> int:
+    """``LOCAL_MAX_MODEL_LEN``, or the model's own ``max_position_embeddings`` when a local folder's
+    config says less (vLLM refuses a longer context: the local model's is 2,048)."""
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        return LOCAL_MAX_MODEL_LEN  # a hub id: the Space's default
+    with open(path) as f:
+        limit = json.load(f).get("max_position_embeddings")
+    return min(LOCAL_MAX_MODEL_LEN, int(limit)) if limit else LOCAL_MAX_MODEL_LEN
+
+
 def start_replica(
     bucket: str, model: str, log_dir: str, replica_id: str = "local-0", extra_env=None
 ) -> Child:
@@ -250,9 +267,7 @@ def start_replica(
         "VLLM_PORT": str(free_port()),
         "REPLICA_ID": replica_id,
         "POLL_INTERVAL_S": "0.5",
-        # a whole Wordle episode of a BPE model (SmolLM2's: up to 2,176 tokens, the context check's
-        # bound) fits; 4096 is the Space's default too (rollout/config.py)
-        "MAX_MODEL_LEN": "4096",
+        "MAX_MODEL_LEN": str(local_max_model_len(model)),
         "HF_HUB_OFFLINE": "1",
         "HEARTBEAT_INTERVAL_S": "2",
         # --enforce-eager skips a ~50 s compile step on the CPU build. One process for the engine
