@@ -11,8 +11,8 @@ import numpy as np
 
 from deltasync.bf16 import from_bf16_bits, to_bf16_bits
 from deltasync.publisher import DeltaPublisher, PublisherConfig
+from rollout.apply_plan import DEFAULT_PACKED_MODULES
 from rollout.engine import EngineControlError
-from rollout.plan import DEFAULT_PACKED_MODULES
 from trainer.task.tiny_model import checkpoint_tensors
 
 # Tensors changed in each delta version (None: all). Versions 1-2 touch one shard of a fused
@@ -132,8 +132,8 @@ class FakeEngine:
     def apply(self, path: str, mode: str) -> list[dict]:
         import json
 
-        from rollout.apply import check_fused_complete, read_stage
-        from rollout.stage import IDX, VAL
+        from rollout.staging import IDX, VAL
+        from rollout.worker_apply import check_fused_complete, read_stage
 
         meta, tensors = read_stage(path)
         if self.fail_next:

@@ -1,125 +1,46 @@
 """The public front (``rollout.server``) from a raw socket: only the allow-listed routes reach
-vLLM, with exactly the allow-listed upstream path.
+vLLM, with exactly the allow-listed upstream path, on a full-weight replica and on a LoRA replica
+(``ADAPTER=lora``) alike.
 
 The real front app runs under uvicorn (both of its HTTP parsers, h11 and httptools) on
-127.0.0.1 in front of a fake upstream: a small HTTP server that records every request it sees,
-standing in for vLLM. Requests are written as raw request lines over a plain socket, so no
-client normalises ``..``, ``%2e`` or ``//`` before the server sees them. Every refused request
-must be answered 400/404/405 and leave the upstream's record unchanged.
+127.0.0.1 in front of a fake upstream (``front_fakes``): a small HTTP server that records every
+request it sees, standing in for vLLM. Every test runs against four stacks: each parser, with a
+full-weight replica and with a LoRA replica (a sync loop stand-in whose ``AdapterRoutes`` sends
+``policy`` to ``policy-v1``; the upstream lists that adapter as vLLM does). Requests are written
+as raw request lines over a plain socket, so no client normalises ``..``, ``%2e`` or ``//``
+before the server sees them. Every refused request must be answered 400/401/404/405/413, leave the upstream's
+record unchanged and hold no adapter version; vLLM's runtime LoRA routes
+(``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``) are never reachable.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 
 import pytest
-import uvicorn
 
-from rollout.server import V1_ROUTES, create_app
+from rollout.server import V1_ROUTES, VERSION_HEADER, create_app
 
 from .conftest import free_port
+from .front_fakes import (
+    ADAPTER_ROOT,
+    SECRET_ROOT,
+    FakeLoop,
+    FakeUpstream,
+    Front,
+    body_of,
+    head,
+    raw_request,
+    send,
+    serve_front,
+    status_of,
+)
 
-SECRET_ROOT = "/home/owner/private/models/tiny"
 API_KEY = "k-test-123"
 BODY_LIMIT = 64 * 1024
-
-
-@dataclass
-class Seen:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-class FakeUpstream(ThreadingHTTPServer):
-    """Records every request (raw request-target as received) and answers like vLLM would."""
-
-    daemon_threads = True
-
-    def __init__(self, port: int) -> None:
-        super().__init__(("127.0.0.1", port), _UpstreamHandler)
-        self.seen: list[Seen] = []
-        self.lock = threading.Lock()
-
-    def snapshot(self) -> list[Seen]:
-        with self.lock:
-            return list(self.seen)
-
-
-class _UpstreamHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def _handle(self) -> None:
-        n = int(self.headers.get("content-length") or 0)
-        body = self.rfile.read(n) if n else b""
-        server: FakeUpstream = self.server  # type: ignore[assignment]
-        with server.lock:
-            server.seen.append(
-                Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-            )
-        if self.path == "/v1/models":
-            out = {
-                "object": "list",
-                "data": [
-                    {"id": "tiny", "object": "model", "root": SECRET_ROOT, "max_model_len": 9}
-                ],
-            }
-        else:
-            out = {"upstream_path": self.path}
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_PUT = do_DELETE = _handle
-
-    def log_message(self, format, *args) -> None:  # quiet
-        pass
-
-
-class FakeLoop:
-    """The parts of SyncLoop the front reads: a replica that serves version 1."""
-
-    replica_id = "front-test"
-    served_version = 1
-    newest_seen = 1
-    dirty = False
-    ready = True
-    status = "ok"
-    routes = None  # a full-weight replica
-
-    def wake(self) -> None:
-        pass
-
-
-@dataclass
-class Front:
-    port: int
-    upstream: FakeUpstream
-    servers: list = field(default_factory=list)
-
-
-def _serve(app, port: int, http: str) -> tuple[uvicorn.Server, threading.Thread]:
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, http=http, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError(f"uvicorn ({http}) did not start on 127.0.0.1:{port}")
-        time.sleep(0.02)
-    return server, thread
 
 
 @dataclass
@@ -127,12 +48,18 @@ class Stack:
     open: Front  # no API key, small body limit
     keyed: Front  # ROLLOUT_API_KEY set
     upstream: FakeUpstream
+    adapter: str | None  # ADAPTER: None (full weights) or "lora"
 
 
-@pytest.fixture(scope="module", params=["h11", "httptools"])
+STACKS = [("h11", None), ("httptools", None), ("h11", "lora"), ("httptools", "lora")]
+
+
+@pytest.fixture(scope="module", params=STACKS, ids=lambda p: "-".join(filter(None, p)))
 def stack(request) -> Iterator[Stack]:
-    """One fake upstream and two fronts (open, keyed) per HTTP parser, for the whole module."""
-    upstream = FakeUpstream(free_port())
+    """One fake upstream and two fronts (open, keyed) per HTTP parser and ADAPTER, for the whole
+    module."""
+    http, adapter = request.param
+    upstream = FakeUpstream(free_port(), adapter)
     up_thread = threading.Thread(target=upstream.serve_forever, daemon=True)
     up_thread.start()
     url = f"http://127.0.0.1:{upstream.server_address[1]}"
@@ -140,13 +67,12 @@ def stack(request) -> Iterator[Stack]:
     try:
         fronts = []
         for key in (None, API_KEY):
-            app = create_app(
-                FakeLoop(), url, control_token="ctl", api_key=key, max_body_bytes=BODY_LIMIT
-            )
+            loop = FakeLoop(adapter)
+            app = create_app(loop, url, control_token="ctl", api_key=key, max_body_bytes=BODY_LIMIT)
             port = free_port()
-            running.append(_serve(app, port, request.param))
-            fronts.append(Front(port, upstream))
-        yield Stack(fronts[0], fronts[1], upstream)
+            running.append(serve_front(app, port, http))
+            fronts.append(Front(port, upstream, loop))
+        yield Stack(fronts[0], fronts[1], upstream, adapter)
     finally:
         for server, thread in running:
             server.should_exit = True
@@ -154,49 +80,6 @@ def stack(request) -> Iterator[Stack]:
         upstream.shutdown()
         upstream.server_close()
         up_thread.join(10)
-
-
-def raw_request(port: int, head: bytes, body: bytes = b"", timeout_s: float = 10.0) -> bytes:
-    """Send ``head`` (request line and headers, CRLF-terminated) then ``body``; return the whole
-    response (the request asks for ``Connection: close``). A server that answers and closes
-    before reading the body may reset the connection: what arrived is returned."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
-        try:
-            sock.sendall(head + b"\r\n" + body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        chunks = []
-        try:
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        except ConnectionResetError:
-            pass
-    return b"".join(chunks)
-
-
-def status_of(response: bytes) -> int:
-    line = response.split(b"\r\n", 1)[0]
-    assert line.startswith(b"HTTP/1.1 "), response[:200]
-    return int(line.split()[1])
-
-
-def body_of(response: bytes) -> bytes:
-    return response.partition(b"\r\n\r\n")[2]
-
-
-def head(method: str, target: bytes, *extra: str, body_len: int | None = None) -> bytes:
-    lines = [method.encode() + b" " + target + b" HTTP/1.1", b"Host: 127.0.0.1"]
-    lines += [h.encode() for h in extra]
-    if body_len is not None:
-        lines.append(f"Content-Length: {body_len}".encode())
-    lines.append(b"Connection: close")
-    return b"\r\n".join(lines) + b"\r\n"
-
-
-def send(port: int, method: str, target: bytes, body: bytes = b"", *extra: str) -> bytes:
-    n = len(body) if body else None
-    h = head(method, target, "Content-Type: application/json", *extra, body_len=n)
-    return raw_request(port, h, body)
 
 
 TRAVERSALS = [
@@ -222,6 +105,9 @@ TRAVERSALS = [
     b"/v1/models%2f..%2f..%2fpause",
     b"/v1/%25%32%65%25%32%65/pause",
     b"http://127.0.0.1/v1/../pause",
+    b"/v1/models/../load_lora_adapter",
+    b"/v1/completions/..%2funload_lora_adapter",
+    b"/v1/%2e%2e/v1/load_lora_adapter",
 ]
 NOT_ROUTES = [
     b"/pause",
@@ -234,6 +120,9 @@ NOT_ROUTES = [
     b"/server_info",
     b"/v1/embeddings",
     b"/v1/tokenize",
+    b"/v1/load_lora_adapter",
+    b"/v1/unload_lora_adapter",
+    b"/v1/models/policy",
     b"/v1/models/",
     b"/v1/models/tiny",
     b"/V1/models",
@@ -273,13 +162,16 @@ def test_paths_off_the_allow_list_are_404_and_never_reach_vllm(stack, method, ta
         ("DELETE", b"/v1/models"),
         ("PUT", b"/v1/completions"),
         ("POST", b"/health"),
+        ("GET", b"/control/sync"),
+        ("POST", b"/control/status"),
     ],
 )
 def test_wrong_method_is_405_and_never_reaches_vllm(stack, method, target):
     before = len(stack.upstream.snapshot())
-    r = send(stack.open.port, method, target, b"{}")
+    r = send(stack.open.port, method, target, b'{"model": "policy"}')
     assert status_of(r) == 405, r[:300]
     assert len(stack.upstream.snapshot()) == before
+    assert stack.open.in_flight() == 0
 
 
 def test_websocket_upgrade_is_refused(stack):
@@ -324,16 +216,38 @@ def test_models_shows_the_served_name_not_a_local_path(stack):
     r = send(stack.open.port, "GET", b"/v1/models")
     assert status_of(r) == 200
     payload = body_of(r)
-    assert SECRET_ROOT.encode() not in payload
-    card = json.loads(payload)["data"][0]
-    assert card["id"] == "tiny" and card["root"] == "tiny" and card["max_model_len"] == 9
+    assert SECRET_ROOT.encode() not in payload and ADAPTER_ROOT.encode() not in payload
+    cards = json.loads(payload)["data"]
+    assert cards[0] == {"id": "tiny", "object": "model", "root": "tiny", "max_model_len": 9}
+    if stack.adapter == "lora":  # the stable name clients request, not the version behind it
+        assert cards[1:] == [
+            {"id": "policy", "object": "model", "root": "policy", "parent": "tiny"}
+        ]
+        assert b"policy-v1" not in payload
+    else:
+        assert len(cards) == 1
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_adapter_requests_reach_vllm_under_the_held_version(stack, route):
+    """``policy`` reaches vLLM as ``policy-v1`` on a LoRA replica and as it is on a full-weight
+    one (vLLM answers it as the base model); the lease ends with the answer."""
+    body = b'{"model": "policy", "prompt": "hi"}'
+    before = len(stack.upstream.snapshot())
+    r = send(stack.open.port, "POST", route.encode(), body)
+    assert status_of(r) == 200, r[:300]
+    assert f"{VERSION_HEADER}: 1".lower().encode() in r.lower()
+    seen = stack.upstream.snapshot()[before:]
+    want = "policy-v1" if stack.adapter == "lora" else "policy"
+    assert [json.loads(s.body)["model"] for s in seen] == [want]
+    assert stack.open.in_flight() == 0
 
 
 @pytest.mark.parametrize("route", list(V1_ROUTES))
 def test_api_key_is_required_when_set(stack, route):
     method = next(iter(V1_ROUTES[route]))
     target = route.encode()
-    body = b'{"model": "tiny", "prompt": "hi"}' if method == "POST" else b""
+    body = b'{"model": "policy", "prompt": "hi"}' if method == "POST" else b""
     before = len(stack.upstream.snapshot())
     for auth in (
         (),
@@ -345,20 +259,31 @@ def test_api_key_is_required_when_set(stack, route):
         assert status_of(r) == 401, (auth, r[:300])
         assert b"ROLLOUT_API_KEY" in body_of(r)
     assert len(stack.upstream.snapshot()) == before
+    assert stack.keyed.in_flight(timeout_s=0) == 0  # a refused request holds no version
     r = send(stack.keyed.port, method, target, body, f"Authorization: Bearer {API_KEY}")
     assert status_of(r) == 200, r[:300]
     seen = stack.upstream.snapshot()[before:]
     assert [(s.method, s.path) for s in seen] == [(method, route)]
     assert "authorization" not in seen[0].headers
+    assert stack.keyed.in_flight() == 0
 
 
-def test_control_routes_keep_their_own_token(stack):
+@pytest.mark.parametrize("target", [b"/control/status", b"/control/sync"])
+def test_control_routes_keep_their_own_token(stack, target):
+    method = "GET" if target == b"/control/status" else "POST"
     before = len(stack.upstream.snapshot())
-    assert status_of(send(stack.keyed.port, "GET", b"/control/status")) == 401
-    r = send(stack.keyed.port, "POST", b"/control/sync", b"", f"Authorization: Bearer {API_KEY}")
-    assert status_of(r) == 401
-    r = send(stack.keyed.port, "POST", b"/control/sync", b"", "Authorization: Bearer ctl")
-    assert status_of(r) == 200 and json.loads(body_of(r))["woken"] is True
+    for front in (stack.open, stack.keyed):
+        for auth in ((), (f"Authorization: Bearer {API_KEY}",), ("Authorization: Bearer ctlx",)):
+            r = send(front.port, method, target, b"", *auth)
+            assert status_of(r) == 401, (auth, r[:300])
+            assert b"CONTROL_TOKEN" in body_of(r)
+    r = send(stack.keyed.port, method, target, b"", "Authorization: Bearer ctl")
+    assert status_of(r) == 200
+    doc = json.loads(body_of(r))
+    if method == "POST":
+        assert doc["woken"] is True
+    else:
+        assert doc["replica_id"] == "front-test"
     assert len(stack.upstream.snapshot()) == before
 
 
@@ -370,6 +295,7 @@ def test_oversized_body_with_content_length_is_413_before_it_is_sent(stack):
     assert status_of(r) == 413, r[:300]
     assert b"MAX_BODY_BYTES" in body_of(r)
     assert len(stack.upstream.snapshot()) == before
+    assert stack.open.in_flight(timeout_s=0) == 0
 
 
 def test_oversized_chunked_body_is_413_after_at_most_the_limit(stack):
@@ -407,7 +333,7 @@ def test_real_vllm_behind_the_front(vllm_server):
     assert httpx.get(f"{vllm_server.url}/is_sleeping", timeout=10).status_code == 200  # exists
     app = create_app(FakeLoop(), vllm_server.url, control_token=None)
     port = free_port()
-    server, thread = _serve(app, port, "httptools")
+    server, thread = serve_front(app, port, "httptools")
     try:
         for target in (b"/v1/../is_sleeping", b"/v1/%2e%2e/is_sleeping", b"/v1/%2E%2E/metrics"):
             assert status_of(send(port, "GET", target)) == 400

@@ -1,5 +1,6 @@
-"""The in-place apply's check (``rollout.apply.checked_patch``): every touched vLLM parameter's
-int16 bit sum must move by what the checkpoint-coordinate patches say (``rollout.plan.sum_deltas``).
+"""The in-place apply's check (``rollout.worker_apply.checked_patch``): every touched vLLM
+parameter's int16 bit sum must move by what the checkpoint-coordinate patches say
+(``rollout.apply_plan.sum_deltas``).
 
 vLLM's own loader is GPU-only, so a real torch module stands in for the served model, with a
 fused ``qkv_proj`` (q, k and v rows one after another, as vLLM stores them), a transposed
@@ -13,8 +14,8 @@ import torch
 
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.subscriber import DeltaSubscriber, HeldWeights, merge_patches
-from rollout.apply import InPlaceCheckError, bit_sums, checked_patch
-from rollout.plan import DEFAULT_PACKED_MODULES, param_name, sum_deltas
+from rollout.apply_plan import DEFAULT_PACKED_MODULES, param_name, sum_deltas
+from rollout.worker_apply import InPlaceCheckError, bit_sums, checked_patch
 
 P = "model.layers.0."
 SHAPES = {

@@ -3,9 +3,11 @@ sent upstream under the newest versioned name at arrival and stamped with that v
 that version while its response streams (a newer version published meanwhile does not retire
 it), and releases it when the stream ends or when the upstream never answered; requests for the
 base model pass unchanged and unstamped; the stable name before any version is answered 503.
+``GET /v1/models`` lists the base model and the stable name (once vLLM holds the version it routes
+to), never the versioned names nor a local path.
 
 The front runs under uvicorn on 127.0.0.1 in front of a fake upstream that streams its answer in
-two chunks, the second only when the test says so."""
+two chunks, the second only when the test says so, and lists its models as vLLM does."""
 
 from __future__ import annotations
 
@@ -23,10 +25,27 @@ from rollout.server import VERSION_HEADER, create_app
 
 from .conftest import free_port
 
+STAGE = "/tmp/deltasync-stage-1000/adapters/lora-front"  # where the replica writes adapters
+
+
+def vllm_card(name: str, created: int) -> dict:
+    """vLLM's ``/v1/models`` card of an adapter loaded at runtime (``lora_path`` as ``root``)."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": f"{STAGE}/{name}",
+        "parent": "tiny",
+        "max_model_len": None,
+        "permission": [{"id": f"modelperm-{created:032x}", "object": "model_permission"}],
+    }
+
 
 class Upstream(ThreadingHTTPServer):
     """Answers every POST with the ``model`` it received, in two chunks; the second waits for
-    ``go`` to be set."""
+    ``go`` to be set. ``GET /v1/models`` lists the base model and the adapters in ``loaded``
+    ({name: created}), as vLLM does."""
 
     daemon_threads = True
 
@@ -34,6 +53,7 @@ class Upstream(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", free_port()), _Handler)
         self.models: list[str] = []
         self.go = threading.Event()
+        self.loaded: dict[str, int] = {}
 
     @property
     def url(self) -> str:
@@ -42,6 +62,16 @@ class Upstream(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name): /v1/models only
+        base = {"id": "tiny", "object": "model", "root": "/home/owner/models/tiny", "parent": None}
+        cards = [base, *(vllm_card(n, t) for n, t in self.server.loaded.items())]
+        data = json.dumps({"object": "list", "data": cards}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
@@ -145,3 +175,35 @@ def test_no_version_yet_is_503_and_a_failed_upstream_releases(front):
         r = c.post("/v1/completions", json=completion("policy"))
         assert r.status_code == 502
     assert loop.routes.in_flight("policy-v4") == 0
+
+
+def test_models_lists_the_stable_name_not_the_versions(front):
+    upstream = Upstream()
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    loop = Loop()
+    upstream.loaded = {"other-v1": 5}  # an adapter that is not this replica's: kept
+    url = front(loop, upstream.url, require_synced=False)
+    with httpx.Client(base_url=url, timeout=30) as c:
+
+        def models() -> tuple[list[dict], httpx.Response]:
+            r = c.get("/v1/models")
+            assert r.status_code == 200 and STAGE not in r.text and "/home/owner" not in r.text
+            return r.json()["data"], r
+
+        cards, _ = models()  # no version yet: nothing to route `policy` to
+        assert [card["id"] for card in cards] == ["tiny", "other-v1"]
+        upstream.loaded |= {"policy-v1": 10}
+        loop.routes.publish("policy-v1", 1)
+        cards, r = models()
+        assert [card["id"] for card in cards] == ["tiny", "other-v1", "policy"]
+        assert cards[2] == {**vllm_card("policy-v1", 10), "id": "policy", "root": "policy"}
+        assert cards[2]["parent"] == "tiny" and r.headers[VERSION_HEADER] == "1"
+        upstream.loaded |= {"policy-v2": 20, "policy-v3": 30}  # v3 loaded, not routed yet
+        loop.routes.publish("policy-v2", 2)
+        cards, r = models()
+        assert [card["id"] for card in cards] == ["tiny", "other-v1", "policy"]
+        assert cards[2]["created"] == 20 and r.headers[VERSION_HEADER] == "2"
+        assert "policy-v" not in r.text
+        del upstream.loaded["policy-v2"]  # vLLM lost the routed version: `policy` cannot answer
+        assert [card["id"] for card in models()[0]] == ["tiny", "other-v1"]
+    upstream.shutdown()

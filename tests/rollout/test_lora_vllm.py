@@ -5,7 +5,7 @@ Following: an adapter run (``DeltaPublisher(adapter=AdapterInfo)``) is served un
 name through the front; greedy tokens and logprobs change with each version and equal vLLM's own
 output for the trainer's adapter loaded directly (a folder written with safetensors' torch API);
 the folder the replica wrote is bit-exact to the published tensors; answers are stamped with the
-version. Faults: a corrupt delta, a truncated part and a missing part are refused while the
+version; the front's ``/v1/models`` lists the base model and the stable name, not the versions. Faults: a corrupt delta, a truncated part and a missing part are refused while the
 replica keeps serving (same tokens), each recovered from an anchor; an adapter of another base
 model is refused with WrongBaseModelError while it keeps serving; a sync loop SIGKILLed inside a
 load (vLLM has the new name, the loop never routed it) is restarted, unloads what it left,
@@ -102,6 +102,12 @@ def test_follows_adapter_versions_served_under_the_stable_name(lora_server, tmp_
             assert out == direct(lora_server, tr, v, tmp_path)
             previous = out
         assert c.get("/health").json()["held_version"] == v
+        r = c.get("/v1/models")
+        cards = {card["id"]: card for card in r.json()["data"]}
+        base_name = os.path.basename(lora_server.model.rstrip("/"))
+        assert cards["pol-a"]["parent"] == base_name and cards["pol-a"]["root"] == "pol-a"
+        assert list(cards)[0] == base_name and "pol-a-v" not in r.text
+        assert loop.stage_dir not in r.text and r.headers[VERSION_HEADER] == str(v)
     assert "pol-a-v0" not in lora_server.control.lora_adapters()  # unloaded once idle
     loop.stop()
     tr.close()

@@ -28,7 +28,7 @@ from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import heartbeat_path
 from rollout.engine import EngineControlError
 from rollout.server import create_app
-from rollout.stage import write_stage
+from rollout.staging import write_stage
 from rollout.sync_loop import SyncLoop
 
 from .rollout_helpers import PROMPTS, Trainer, corrupt_payload, generate

@@ -48,7 +48,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 
-from .stage import default_stage_dir
+from .staging import default_stage_dir
 
 log = logging.getLogger("rollout.config")
 
@@ -117,7 +117,7 @@ class RolloutConfig:
         max_body_bytes: largest request body the front forwards, bytes (413 beyond).
         poll_interval_s: seconds between manifest polls.
         heartbeat_interval_s: seconds between heartbeat writes while nothing changes.
-        apply_path: ``auto``, ``in-place`` or ``reload`` (see ``rollout.plan``).
+        apply_path: ``auto``, ``in-place`` or ``reload`` (see ``rollout.apply_plan``).
         require_synced: answer generation requests 503 until a bucket version is applied.
         host: interface of the public front.
         port: port of the public front (Spaces route ``app_port`` 7860 here).

@@ -4,7 +4,7 @@ vLLM mixes this class into its worker; the sync loop calls its methods through t
 ``POST /collective_rpc`` route on the internal port, with string arguments only (paths of staging
 files, never tensors). Method names carry a ``deltasync_`` prefix so they cannot collide with the
 worker's own (vLLM refuses an extension that redefines a worker attribute). Importing this module
-imports no torch or vLLM; each method imports ``rollout.apply`` inside the worker process.
+imports no torch or vLLM; each method imports ``rollout.worker_apply`` inside the worker process.
 vLLM imports it in the worker process, which is where :func:`allow_amx_tiles` runs, once.
 """
 
@@ -50,7 +50,7 @@ class DeltaSyncExtension:
 
     def deltasync_describe(self) -> dict:
         """Device, dtype, quantization, MoE, tied embeddings and packed modules of the model."""
-        from .apply import describe
+        from .worker_apply import describe
 
         return describe(self)
 
@@ -60,7 +60,7 @@ class DeltaSyncExtension:
         Raises:
             ValueError: an unknown mode; StageFileError / vLLM errors from the apply itself.
         """
-        from .apply import apply_in_place, apply_reload
+        from .worker_apply import apply_in_place, apply_reload
 
         if mode == "reload":
             out = apply_reload(self, path)

@@ -15,6 +15,8 @@ adapter (``deltasync.manifest.AdapterInfo``: kind, PEFT config, base digest).
   the newest loaded one when a request arrives and counts the requests in flight per versioned
   name, so a request finishes on the version it started on, and an old version is unloaded only
   once no request uses it (``rollout.lora_load``).
+- Which names clients see: the front's ``GET /v1/models`` lists the stable name (one card,
+  ``parent`` the base model) in place of the versioned names vLLM holds (:func:`public_cards`).
 """
 
 from __future__ import annotations
@@ -216,3 +218,21 @@ def route_body(body: bytes, routes: AdapterRoutes) -> Routed:
         doc["model"] = lease.name
         body = json.dumps(doc).encode()
     return Routed(body, lease)
+
+
+def public_cards(cards: list, routes: AdapterRoutes) -> list:
+    """vLLM's ``/v1/models`` cards as a client of this replica sees them: the cards of the
+    versioned names (``policy-v3``) left out, and one card for the stable name (``policy``) in
+    their place, a copy of the newest version's (same ``parent``, the base model) with ``id`` and
+    ``root`` set to the stable name. Listed only while vLLM holds the version it routes to; the
+    base model's and any other cards are kept, in vLLM's order (base first)."""
+    current, prefix = routes.current, f"{routes.name}-v"
+    out, stable = [], None
+    for card in cards:
+        cid = card.get("id") if isinstance(card, dict) else None
+        if isinstance(cid, str) and cid.startswith(prefix) and cid[len(prefix) :].isdigit():
+            if current is not None and cid == current.name:
+                stable = dict(card, id=routes.name, root=routes.name)
+            continue
+        out.append(card)
+    return out if stable is None else [*out, stable]

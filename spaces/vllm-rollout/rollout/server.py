@@ -18,6 +18,8 @@ not forwarded (vLLM's three routes take none).
   with or without ``Content-Length``, after reading at most that many bytes. While the replica
   has no verified bucket version yet (``require_synced``) or is paused for a recovery, answered
   503. ``/v1/models`` reports each model's ``root`` as its served name, not vLLM's local path.
+  On a LoRA replica it lists the stable ``ADAPTER_NAME`` (``parent``: the base model), not the
+  versioned names behind it (``rollout.lora.public_cards``).
   Every answer carries ``X-Deltasync-Version``: the oldest bucket version that generated it.
   On a LoRA replica (``ADAPTER=lora``) a request for ``ADAPTER_NAME`` is sent to the newest
   loaded version ``{ADAPTER_NAME}-v{N}`` as it arrives and stamped N; it finishes on that
@@ -44,7 +46,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from .lora import AdapterRoutes, Lease, route_body
+from .lora import AdapterRoutes, Lease, public_cards, route_body
 from .sync_loop import SyncLoop
 
 log = logging.getLogger("rollout.server")
@@ -233,13 +235,18 @@ def _api_key_refusal(request: Request, api_key: str | None) -> JSONResponse | No
     )
 
 
-def _public_models(body: bytes) -> bytes:
-    """vLLM's ``/v1/models`` body with each model's ``root`` (its local path) set to its id."""
+def _public_models(body: bytes, routes: AdapterRoutes | None) -> bytes:
+    """vLLM's ``/v1/models`` body with each model's ``root`` (its local path) set to its id; on
+    a LoRA replica (``routes``) the stable adapter name in place of the versioned ones."""
     try:
         doc = json.loads(body)
     except ValueError:
         return body  # not JSON (an error page): passed on as it is
-    for card in doc.get("data", []) if isinstance(doc, dict) else []:
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        return json.dumps(doc).encode()
+    if routes is not None:
+        doc["data"] = public_cards(doc["data"], routes)
+    for card in doc["data"]:
         if isinstance(card, dict) and "id" in card:
             card["root"] = card["id"]
     return json.dumps(doc).encode()
@@ -391,7 +398,7 @@ def create_app(
             out_headers[VERSION_HEADER] = str(served)
         if route == "/v1/models":
             try:
-                data = _public_models(await r.aread())
+                data = _public_models(await r.aread(), routes)
             finally:
                 await r.aclose()
             for name in ("content-length", "content-encoding"):  # aread() decoded the body

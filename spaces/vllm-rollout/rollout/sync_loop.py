@@ -45,13 +45,12 @@ from deltasync.errors import StoreAccessError, StoreError
 from deltasync.follow import Follower, Pulled
 from deltasync.status import ReplicaHeartbeat, SyncRecord, lag_s, lag_versions, write_heartbeat
 
+from .apply_plan import ModelInfo, choose_apply_path
 from .engine import Engine, EngineControlError
 from .heartbeat import HeartbeatSchedule
 from .lora import AdapterRoutes, AdapterTarget, CheckedSubscriber
 from .lora_load import AdapterLoader
-from .plan import ModelInfo, choose_apply_path
-from .prepare import Staged, stage_pull
-from .stage import default_stage_dir, unlink_stage, write_stage
+from .staging import Staged, default_stage_dir, stage_pull, unlink_stage, write_stage
 from .state import SyncState, check_transition
 
 log = logging.getLogger("rollout.sync")
@@ -81,7 +80,7 @@ class SyncLoop:
         adapter: serve a LoRA adapter run on the base model (None: a full-weight run).
 
     Raises (from ``start``/``connect``):
-        rollout.plan.UnsupportedModelError: the served model cannot take exact bf16 updates
+        rollout.apply_plan.UnsupportedModelError: the served model cannot take exact bf16 updates
             (full-weight replicas).
         EngineControlError: a LoRA replica could not unload the adapters a previous sync loop
             left in vLLM.

@@ -1,8 +1,8 @@
 """Worker-side apply paths (run inside the vLLM worker process, called by the extension).
 
 - ``reload``: whole checkpoint tensors (every shard of each touched fused parameter, see
-  ``rollout.plan``) go through vLLM's layerwise reload (``Worker.reload_weights`` with a weights
-  iterator), which re-runs each touched module's weight processing (the CPU build's GEMM
+  ``rollout.apply_plan``) go through vLLM's layerwise reload (``Worker.reload_weights`` with a
+  weights iterator), which re-runs each touched module's weight processing (the CPU build's GEMM
   repacking included); a tied lm_head is refreshed afterwards. Works on every device.
 - ``in-place``: sparse (index, value) patches in checkpoint coordinates through vLLM's
   ``load_checkpoint_weight_patches`` (fused/TP slicing by the model's own loaders, no copy of the
@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from .plan import DEFAULT_PACKED_MODULES, module_key
-from .stage import FORMAT, IDX, VAL
+from .apply_plan import DEFAULT_PACKED_MODULES, module_key
+from .staging import FORMAT, IDX, VAL
 
-log = logging.getLogger("rollout.apply")
+log = logging.getLogger("rollout.worker_apply")
 
 # Warnings vLLM's layerwise reload emits for every module a PARTIAL reload leaves alone on purpose.
 _PARTIAL_RELOAD_NOISE = ("Failed to load weights", "Following weights were not loaded")
@@ -72,10 +72,11 @@ def checked_patch(
     model: torch.nn.Module, sum_deltas: dict[str, int], patch, cache: dict[str, int] | None = None
 ) -> int:
     """Run ``patch()`` (the in-place apply) and check, on the device, that every parameter's
-    int16 bit sum moved by ``sum_deltas[name]`` (``rollout.plan.sum_deltas``). A checksum, not a
-    digest: it catches values written to the wrong place or not at all, unless the errors cancel
-    (a write to the wrong place is invisible only where it lands on another changed element
-    with the same old value; where every element of a parameter changes, a permutation is).
+    int16 bit sum moved by ``sum_deltas[name]`` (``rollout.apply_plan.sum_deltas``). A checksum,
+    not a digest: it catches values written to the wrong place or not at all, unless the errors
+    cancel (a write to the wrong place is invisible only where it lands on another changed
+    element with the same old value; where every element of a parameter changes, a permutation
+    is).
 
     Args:
         cache: sums after the previous apply (the weights have not changed since), used as the
@@ -112,7 +113,7 @@ def checked_patch(
 
 
 def describe(worker: Any) -> dict:
-    """What the sync loop needs to choose an apply path (see ``rollout.plan.ModelInfo``)."""
+    """What the sync loop needs to choose an apply path (see ``rollout.apply_plan.ModelInfo``)."""
     model = worker.model_runner.get_model()
     mc = worker.vllm_config.model_config
     hf = getattr(mc, "hf_text_config", None) or mc.hf_config
@@ -161,7 +162,7 @@ def check_fused_complete(names: list[str], packed: dict[str, list[str]]) -> None
         if missing:
             raise StageFileError(
                 f"reload of {n} into {key} lacks its other shards {missing}; include every shard "
-                "of a fused parameter (rollout.plan.plan_reload does)"
+                "of a fused parameter (rollout.apply_plan.plan_reload does)"
             )
 
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollout.apply import StageFileError, check_fused_complete, read_stage
-from rollout.config import ConfigError, RolloutConfig
-from rollout.plan import (
+from rollout.apply_plan import (
     ModelInfo,
     UnsupportedModelError,
     choose_apply_path,
     module_key,
     plan_reload,
 )
-from rollout.stage import IDX, VAL, write_stage
+from rollout.config import ConfigError, RolloutConfig
+from rollout.staging import IDX, VAL, write_stage
+from rollout.worker_apply import StageFileError, check_fused_complete, read_stage
 
 L0 = "model.layers.0"
 NAMES = [

@@ -1,8 +1,9 @@
-"""The staging file between the sync loop and the vLLM worker (a safetensors file, no pickle).
+"""The staging file between the sync loop and the vLLM worker, and how a verified pull becomes one.
 
 The sync loop writes it BEFORE pausing generation (so the pause holds only the apply), into a
 local folder (``/dev/shm`` when it exists: memory speed), and passes its path to the worker
-extension through ``/collective_rpc`` (which carries strings only). Two kinds:
+extension through ``/collective_rpc`` (which carries strings only; the worker reads it with
+``rollout.worker_apply.read_stage``). A safetensors file, no pickle, of one of two kinds:
 
 - ``dense``: whole checkpoint tensors, bf16, under their checkpoint names (the reload path).
 - ``sparse``: per tensor ``<name>::idx`` (int64[M], flat positions) and ``<name>::val`` (bf16[M],
@@ -10,16 +11,31 @@ extension through ``/collective_rpc`` (which carries strings only). Two kinds:
 
 Metadata (str -> str): ``format`` = ``deltasync-stage/1``, ``kind``, ``version``, ``shapes`` (JSON
 {name: shape}), ``refresh_lm_head`` ("0"/"1") and, for ``sparse``, ``sum_deltas`` (JSON {vLLM
-parameter: expected change of its int16 bit sum}). numpy + safetensors only; no torch.
+parameter: expected change of its int16 bit sum}).
+
+Which kind a pull becomes (:func:`stage_pull`): on the in-place path a delta pull onto a served
+version becomes its merged sparse patches, with the expected change of every vLLM parameter's bit
+sum; otherwise (the reload path, an anchor, nothing served yet, or a new value that is a NaN:
+vLLM's "unchanged" mark) whole tensors of every module the pull touched, grouped so that fused
+parameters reload complete (``rollout.apply_plan.plan_reload``). numpy + safetensors; no torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from safetensors import TensorSpec, serialize_file
+
+from .apply_plan import ModelInfo, plan_reload, sum_deltas
+
+if TYPE_CHECKING:
+    from deltasync.follow import Pulled
+    from deltasync.subscriber import HeldWeights
 
 FORMAT = "deltasync-stage/1"
 IDX, VAL = "::idx", "::val"
@@ -49,7 +65,7 @@ def write_stage(
             ``kind="sparse"``.
         refresh_lm_head: ask the worker to refresh a tied lm_head after loading.
         sum_deltas: for ``sparse``, {vLLM parameter: expected change of its int16 bit sum}
-            (``rollout.plan.sum_deltas``), checked by the worker after the in-place apply.
+            (``rollout.apply_plan.sum_deltas``), checked by the worker after the in-place apply.
 
     Raises:
         ValueError: ``kind`` does not match the data given.
@@ -88,6 +104,74 @@ def write_stage(
     del keep  # the buffers behind data_ptr had to stay alive until here
     os.replace(tmp, path)
     return os.path.getsize(path)
+
+
+@dataclass
+class Staged:
+    """A verified pull, staged and ready for the pause.
+
+    Attributes:
+        pulled: the verified steps (``held`` is at ``pulled.version``).
+        from_version: the version vLLM served before (None: nothing).
+        stage_s: seconds spent merging and writing the staging file.
+        path: the staging file.
+        mode: ``in-place`` (sparse patches) or ``reload`` (whole tensors).
+        tensors: checkpoint tensors in the file.
+    """
+
+    pulled: Pulled
+    from_version: int | None
+    stage_s: float
+    path: str
+    mode: str
+    tensors: int
+
+
+def _is_nan_bits(bits: np.ndarray) -> bool:
+    return bool(np.any((bits & np.uint16(0x7FFF)) > np.uint16(0x7F80)))
+
+
+def stage_pull(
+    pulled: Pulled,
+    held: HeldWeights,
+    info: ModelInfo,
+    apply_path: str,
+    served_version: int | None,
+    path: str,
+) -> Staged:
+    """Write the staging file at ``path`` that brings vLLM from ``served_version`` to
+    ``held.version`` (``held`` already holds the pulled steps).
+
+    Args:
+        pulled: what the poll verified.
+        held: the CPU copy, at the pulled version.
+        info: the served model (its fused modules, tied embeddings).
+        apply_path: the replica's apply path (``in-place`` or ``reload``).
+        served_version: the version vLLM serves now (None: nothing yet).
+        path: where to write the staging file.
+    """
+    # Imported here, not above: the worker (``rollout.worker_apply``) and ``rollout.config`` read
+    # this module for the format only, and the subscriber brings the numba codec with it.
+    from deltasync.subscriber import merge_patches
+
+    t0 = time.perf_counter()
+    version = held.version
+    anchored = pulled.kind == "anchor"
+    names = list(held.tensors)
+    onto_served = not anchored and served_version is not None
+    if apply_path == "in-place" and onto_served:
+        merged = merge_patches(held, pulled.applied)
+        if not any(_is_nan_bits(p.values) for p in merged):
+            sparse = {p.name: (p.shape, p.indices, p.values) for p in merged}
+            sums = sum_deltas(merged, info.packed_modules_mapping)
+            write_stage(path, "sparse", version, sparse=sparse, sum_deltas=sums)
+            stage_s = time.perf_counter() - t0
+            return Staged(pulled, served_version, stage_s, path, "in-place", len(sparse))
+    touched = sorted({p.name for ps in pulled.applied for p in ps}) if onto_served else names
+    rp = plan_reload(touched, names, info.packed_modules_mapping, info.tie_word_embeddings)
+    dense = {n: held.tensors[n] for n in rp.names}
+    write_stage(path, "dense", version, dense=dense, refresh_lm_head=rp.refresh_lm_head)
+    return Staged(pulled, served_version, time.perf_counter() - t0, path, "reload", len(dense))
 
 
 def default_stage_dir() -> str:
