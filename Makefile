@@ -125,13 +125,13 @@ train: setup
 	  RUN_ID="$(RUN_ID)" STEPS="$(STEPS)" ADAPTER="$(ADAPTER)" $(TRAIN_LAUNCH) trainer $(TRAIN_ARGS)
 
 # make eval [RUN=wordle-local] [SEEDS=900000:128]: a finished run's initial model vs its newest
-# bucket version on held-out games, each through a vLLM replica started for it (trainer/task/evaluate.py)
+# bucket version on held-out games, each through a vLLM replica started for it (trainer/eval_run.py)
 eval: setup
-	$(PY) -m trainer.task.evaluate --run "$(or $(RUN),wordle-local)" --seeds "$(or $(SEEDS),900000:128)"
+	$(PY) -m trainer.eval_run --run "$(or $(RUN),wordle-local)" --seeds "$(or $(SEEDS),900000:128)"
 
-# make e2e [ADAPTER=lora] [MODEL=...]: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/local/e2e.py)
+# make e2e [ADAPTER=lora] [MODEL=...]: trainer + Wordle + two vLLM replicas + dashboard, with faults (trainer/e2e.py)
 e2e: setup
-	ADAPTER="$(ADAPTER)" MODEL="$(MODEL)" $(PY) -m trainer.local.e2e $(E2E_ARGS)
+	ADAPTER="$(ADAPTER)" MODEL="$(MODEL)" $(PY) -m trainer.e2e $(E2E_ARGS)
 
 # make dashboard [BUCKET=user/run | a folder | hf://... ]   the sync-lag dashboard (Gradio)
 DASHBOARD_PORT ?= 7860

@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def e2e_warm_start(tmp_path_factory) -> dict:
-    """The ``TrainConfig`` fields of the end-to-end tests' warm start (``E2E_WARM_START`` and
+    """The trainer flags of the end-to-end tests' warm start (``E2E_WARM_START`` and
     ``cache_dir``), built once for the whole run in a cache folder shared by make test's workers;
     a file lock makes the second worker wait for the first one's build instead of building it
     again (``trainer.task.warm_start`` keys its cache by every input, so a run with these fields
@@ -45,14 +45,15 @@ def e2e_warm_start(tmp_path_factory) -> dict:
     from filelock import FileLock
 
     from trainer.config import TrainConfig
-    from trainer.start_model import initial_model
+    from trainer.starting_point import initial_model
 
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if base.name.startswith("popen-gw") else base  # pytest-xdist workers
     cache = shared / "warm-start-cache"
     cache.mkdir(exist_ok=True)
     with FileLock(str(shared / "warm-start-cache.lock")):
-        initial_model(TrainConfig(cache_dir=str(cache), **E2E_WARM_START))
+        cfg = TrainConfig.from_flags(cache_dir=str(cache), **E2E_WARM_START)
+        initial_model(cfg.run, cfg.warm_start)
     return {**E2E_WARM_START, "cache_dir": str(cache)}
 
 

@@ -16,10 +16,11 @@ import time
 from trainer.config import TrainConfig
 from trainer.loop import ranks, trl_compat
 from trainer.loop.grpo import build_trainer
-from trainer.loop.learning_curve import EvalEvery, HeldOutEvals
+from trainer.loop.learning_curve import EvalEvery, EvalTarget, HeldOutEvals
 from trainer.loop.metrics import BucketMetricsCallback, quiet_progress
+from trainer.loop.trained_weights import trained_weights
 from trainer.stack import RunStack
-from trainer.start_model import initial_model, resume_point
+from trainer.starting_point import initial_model, resume_point
 from trainer.summary import build_summary
 
 
@@ -28,56 +29,90 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
 
     The story: the model to start from -> the run stack (bucket, Wordle server, publisher,
     replica, dashboard, fleet, router) -> the evaluation before (when the replica serves the
-    first version) -> GRPO with a learning-curve point every ``eval_every`` steps -> the
-    evaluation after -> the summary. The stack stops in reverse order on every path.
+    first version) -> GRPO with a learning-curve point every ``eval.every`` steps -> the
+    evaluation after -> the summary. The stack stops in reverse order on every path. Each part
+    is handed its own section of ``cfg`` and what an earlier step returned (the router's URL).
 
     Args:
-        cfg: the configuration.
+        cfg: the configuration (read, never written).
         callbacks: factories ``f(stack: RunStack) -> transformers.TrainerCallback`` (e.g. the
-            fault injection of ``trainer.local.e2e``).
+            fault injection of ``trainer.e2e``).
         publisher_hook: ``f(stack)`` called once the publisher exists.
         before_stop: ``f(stack, summary)`` called after training, before the stack stops; it may
             add to the summary.
     """
     trl_compat.apply()
+    weights = trained_weights(cfg.adapter)
     if ranks.world() > 1 and ranks.rank() != 0:
-        return ranks.run_other_rank(lambda model_path: build_trainer(cfg, model_path)[0])
-    t_start = time.time()
-    with RunStack(cfg) as stack:
-        base_model, warm_start_s = initial_model(cfg)
-        stack.start(resume_point(cfg, stack.store, base_model), publisher_hook)
-        steps_log = os.path.join(stack.logs_dir, "steps.jsonl")
-        metrics_cb = BucketMetricsCallback(
-            stack.store, cfg.run_id, stack.publisher, log_path=steps_log
+        return ranks.run_other_rank(
+            lambda model_path: build_trainer(cfg.grpo, cfg.run, weights, model_path)[0]
         )
-        evals = HeldOutEvals(cfg, stack, metrics_cb)
-        ranks.share_model_path(stack.model_path)  # the other ranks build their trainers now
+    t_start = time.time()
+    with RunStack(cfg, weights) as stack:
+        base_model, warm_start_s = initial_model(cfg.run, cfg.warm_start)
+        model_path = resume_point(cfg.run, stack.store, base_model)
+        router_url = stack.start(model_path, publisher_hook)
+        publisher = stack.publisher
+        target = EvalTarget(
+            router_url,
+            model_path,
+            stack.env_url,
+            weights.served_name,
+            cfg.grpo.max_completion_length,
+        )
+        evals = HeldOutEvals(
+            cfg.eval,
+            target,
+            newest_version=lambda: publisher.published[-1].version,
+            served_version=stack.replica_version,
+            # the first evaluation runs inside trainer.train(), after metrics_cb below exists
+            record=lambda *block: metrics_cb.add_eval(*block),
+        )
+        ranks.share_model_path(model_path)  # the other ranks build their trainers now
         trainer, _, tagger = build_trainer(
-            cfg,
-            stack.model_path,
-            stack.publisher,
+            cfg.grpo,
+            cfg.run,
+            weights,
+            model_path,
+            router_url,
+            publisher,
             stack.replica_version,
             evals.before,
             stack.router.affinity.versions_of,
         )
-        metrics_cb.tagger, metrics_cb.fleet = tagger, stack.pool.snapshot
+        metrics_cb = BucketMetricsCallback(
+            stack.store,
+            cfg.run.run_id,
+            publisher,
+            tagger,
+            log_path=os.path.join(stack.logs_dir, "steps.jsonl"),
+            fleet=stack.pool.replica_rows,
+        )
         trainer.add_callback(metrics_cb)
-        trainer.add_callback(EvalEvery(cfg.eval_every, cfg.max_steps, evals.curve_point))
+        trainer.add_callback(EvalEvery(cfg.eval.every, cfg.grpo.max_steps, evals.curve_point))
         for make_callback in callbacks:
             trainer.add_callback(make_callback(stack))
         quiet_progress(trainer)
         t_train = time.time()
         trainer.train()
-        stack.publisher.close()  # idempotent with TRL's destroy(): flush the last publish
+        publisher.close()  # idempotent with TRL's destroy(): flush the last publish
         train_s = time.time() - t_train
         evals.after(trainer.state.global_step)
         start = dict(initial_model=base_model, warm_start_s=warm_start_s, train_s=train_s)
         summary = build_summary(
-            stack, trainer, tagger, metrics_cb, evals, start | {"t_start": t_start}
+            cfg.run,
+            cfg.grpo,
+            weights,
+            stack,
+            weights.trained_digest(trainer),
+            tagger,
+            metrics_cb,
+            evals,
+            start,
         )
         if before_stop is not None:
             before_stop(stack, summary)
         summary["wall_s"] = round(time.time() - t_start, 1)
-    with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
+    with open(os.path.join(cfg.run.run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary

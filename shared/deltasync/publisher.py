@@ -2,7 +2,7 @@
 
 ``publish(named_tensors, step)`` diffs the model against the last PUBLISHED bf16 snapshot (exact for
 any optimizer and any number of optimizer steps between publishes) and returns; ranking the
-changes by exponent class and encoding them (``deltasync.encoder``), writing and uploading run on
+changes by exponent class and encoding them (``deltasync.publisher_encoder``), writing and uploading run on
 a background thread. If uploads fall behind, a version that has not started encoding is folded
 into the next one (coalesced) instead of queueing without bound. Payload files
 are uploaded before the manifest that names them; retention deletes files only after a manifest
@@ -28,7 +28,7 @@ import numpy as np
 from . import codec
 from .adapter import check_adapter, check_adapter_names
 from .bucket_writer import PayloadWriter, commit_manifest, read_manifest
-from .encoder import ChangeEncoder
+from .publisher_encoder import ChangeEncoder
 from .errors import ManifestError, ModelMismatchError
 from .lease import LeaseKeeper
 from .manifest import (

@@ -82,7 +82,7 @@ class Patch:
 
     def sum_delta(self) -> int:
         """How much the patch changes the sum of the tensor's bits read as int16 (exact int):
-        a checksum the receiver can compare in any layout (``rollout.apply``).
+        a checksum the receiver can compare in any layout (``rollout.worker_apply``).
 
         Raises:
             ValueError: the patch has no ``old_values``.

@@ -334,7 +334,7 @@ def _fleet(hub, tmp_path, minutes=5.0, publish_every_s=10.0, replicas=8):
     from trainer.fleet.pool import ReplicaPool
 
     fleet = ReplicaPool(store=pub.store)  # the trainer's discovery of the replicas' URLs
-    discover_every_s = TrainConfig().fleet_discover_interval_s
+    discover_every_s = TrainConfig().fleet.discover_interval_s
     end = minutes * 60
     events = [(0.0, 0, "trainer"), (0.5, 1, "dashboard"), (1.0, 99, "discovery")]
     events += [(0.1 * i, 2 + i, f"r{i}") for i in range(replicas)]

@@ -92,3 +92,66 @@ def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
     assert import_cycles(pkg) == [["pkg.a", "pkg.sub.b", "pkg.a"]]
     (pkg / "sub" / "b.py").write_text("class B:\n    pass\n")
     assert import_cycles(pkg) == []
+
+
+# trainer/'s layers, lowest first: a module imports its own layer or lower ones, never higher
+# (README's tree says what each holds). The task knows nothing of the run; the config composes the
+# parts' settings; the fleet and the local children know nothing of TRL; the loop is TRL and what
+# the run adds to it; the stack, the starting point and the summary assemble; run() tells the
+# story; the entry points (make train, make e2e, make eval) drive it.
+TRAINER_LAYERS = [
+    ["trainer", "trainer.task"],
+    ["trainer.config"],
+    ["trainer.fleet"],
+    ["trainer.local"],
+    ["trainer.loop"],
+    ["trainer.starting_point", "trainer.stack", "trainer.summary"],
+    ["trainer.run"],
+    ["trainer.e2e", "trainer.eval_run", "trainer.__main__"],
+]
+
+
+def _layer_of(module: str, layers: list[list[str]]) -> int:
+    """The index of the layer that holds ``module`` (a listed name or a package above it)."""
+    best = None
+    for i, names in enumerate(layers):
+        for n in names:
+            if (module == n or module.startswith(n + ".")) and (
+                best is None or len(n) > len(best[1])
+            ):
+                best = (i, n)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer; add it to TRAINER_LAYERS")
+    return best[0]
+
+
+def upward_imports(folder: Path, layers: list[list[str]]) -> list[str]:
+    """Every import of a module in a higher layer than the importer's, as ``"a -> b"``."""
+    modules = _module_names(folder)
+    found = []
+    for m, p in sorted(modules.items()):
+        for dep in sorted(_imports(m, p, modules)):
+            if _layer_of(dep, layers) > _layer_of(m, layers):
+                found.append(f"{m} -> {dep}")
+    return found
+
+
+def test_trainer_imports_point_down_its_layers():
+    folder = Path(importlib.util.find_spec("trainer").origin).parent
+    up = upward_imports(folder, TRAINER_LAYERS)
+    assert up == [], (
+        f"expected trainer's imports to point down its layers {TRAINER_LAYERS}, found {up}; "
+        "move what the lower module needs down, or the caller up"
+    )
+
+
+def test_an_upward_import_is_found(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f():\n    from pkg.high import H\n")
+    (pkg / "high.py").write_text("from pkg import low\n\nH = 1\n")
+    layers = [["pkg", "pkg.low"], ["pkg.high"]]
+    assert upward_imports(pkg, layers) == ["pkg.low -> pkg.high"]
+    (pkg / "low.py").write_text("X = 1\n")
+    assert upward_imports(pkg, layers) == []

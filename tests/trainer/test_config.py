@@ -1,35 +1,37 @@
-"""``trainer.config.from_args``: flags, else the variables the ``TrainConfig`` fields declare
-(``metadata["env"]``), else the fields' defaults. The expectations come from the declarations.
+"""``trainer.config.from_args``: flags, else the variables ``FLAGS`` declares, else the sections'
+defaults; each flag lands on its section's field. The expectations come from the declarations.
 Adapter settings a run cannot use are refused with what was expected, found and the fix. A hub
 model without CUDA gets settings sized for 2 cores, and a warm start only if it never saw a tool."""
 
 from __future__ import annotations
 
 import typing
-from dataclasses import Field, fields
+from dataclasses import fields
 
 import pytest
 
-from trainer.config import AdapterConfigError, TrainConfig, from_args
+from trainer.config import FLAGS, AdapterConfigError, TrainConfig, from_args
 
-HINTS = typing.get_type_hints(TrainConfig)
-DECLARED = [f for f in fields(TrainConfig) if "env" in f.metadata]
+DECLARED = [(flag, var) for flag, (_, _, var) in FLAGS.items() if var]
 
 
-def _sample(f: Field) -> tuple[str, object]:
-    """A valid value for field ``f`` other than its default: (the variable's text, the value)."""
-    if f.name == "adapter":  # a choice: its one kind
+def _sample(flag: str) -> tuple[str, object]:
+    """A valid value for ``flag`` other than its default: (the variable's text, the value)."""
+    if flag == "adapter":  # a choice: its one kind
         return "lora", "lora"
-    if HINTS[f.name] is int:
-        return str(f.default + 7), f.default + 7
-    return f"x-{f.name}", f"x-{f.name}"
+    section, name, _ = FLAGS[flag]
+    hint = typing.get_type_hints(typing.get_type_hints(TrainConfig)[section])[name]
+    default = getattr(TrainConfig(), section).__dataclass_fields__[name].default
+    if hint is int:
+        return str(default + 7), default + 7
+    return f"x-{flag}", f"x-{flag}"
 
 
 @pytest.fixture()
 def env(monkeypatch):
     """No declared variable set; ``env(NAME=value)`` sets some."""
-    for f in DECLARED:
-        monkeypatch.delenv(f.metadata["env"], raising=False)
+    for _, var in DECLARED:
+        monkeypatch.delenv(var, raising=False)
 
     def setenv(**kw: str) -> None:
         for name, value in kw.items():
@@ -39,46 +41,83 @@ def env(monkeypatch):
 
 
 def test_the_makefile_variables_and_secrets_are_declared():
-    declared = {f.metadata["env"] for f in DECLARED}
-    assert {"BUCKET", "MODEL", "VLLM_URL", "ENV_URL", "RUN_ID", "STEPS"} <= declared
+    declared = {var for _, var in DECLARED}
+    assert {"BUCKET", "MODEL", "VLLM_URL", "ENV_URL", "RUN_ID", "STEPS", "ADAPTER"} <= declared
     assert {"HF_TOKEN", "ROLLOUT_API_KEY"} <= declared
 
 
-@pytest.mark.parametrize("f", DECLARED, ids=lambda f: f.metadata["env"])
-def test_each_declared_variable_is_read_by_the_field_type(env, f: Field):
-    text, value = _sample(f)
-    env(**{f.metadata["env"]: text})
-    assert getattr(from_args([]), f.name) == value
+def test_every_flag_lands_on_a_field_of_its_section_and_every_field_is_reachable():
+    """The flat flags map onto the sections one to one (the reused sections, the publisher's and
+    the warm start's, expose only the settings a run has always had as flags)."""
+    cfg = TrainConfig()
+    targets = [(section, name) for section, name, _ in FLAGS.values()]
+    assert len(set(targets)) == len(targets)
+    for section, name in targets:
+        assert name in {f.name for f in fields(getattr(cfg, section))}, (section, name)
+    own = {"run", "secrets", "fleet", "grpo", "eval", "adapter", "local"}
+    for section in own:  # the trainer's own sections: every field has its flag
+        assert {f.name for f in fields(getattr(cfg, section))} == {
+            n for s, n in targets if s == section
+        }
+
+
+def test_help_lists_the_flags_by_section(env, capsys):
+    with pytest.raises(SystemExit):
+        from_args(["--help"])
+    out = capsys.readouterr().out
+    order = [out.index(f"\n{s}:\n") for s in ("run", "fleet", "grpo", "publish", "eval", "adapter")]
+    assert order == sorted(order)
+    grpo, publish = out.index("\ngrpo:\n"), out.index("\npublish:\n")
+    assert grpo < out.index("  --max-steps", grpo) < publish  # a flag sits in its section
+    assert publish < out.index("  --anchor-every", grpo) < out.index("\nwarm_start:\n")
+
+
+def test_each_part_gets_its_own_section():
+    cfg = TrainConfig.from_flags(warm_start_games=5, model_layers=3, eval_episodes=9, seed=4)
+    assert (cfg.warm_start.games, cfg.warm_start.layers, cfg.warm_start.seed) == (5, 3, 4)
+    assert cfg.eval.episodes == 9 and cfg.flag("eval_episodes") == 9
+    with pytest.raises(TypeError, match="not trainer flags"):
+        TrainConfig.from_flags(warm_start_gamez=5)
+
+
+@pytest.mark.parametrize("flag, var", DECLARED, ids=[v for _, v in DECLARED])
+def test_each_declared_variable_is_read_by_the_field_type(env, flag, var):
+    text, value = _sample(flag)
+    env(**{var: text})
+    assert from_args([]).flag(flag) == value
 
 
 @pytest.mark.parametrize("blank", [None, "", " "])
 def test_unset_or_blank_variables_keep_the_declared_defaults(env, blank):
     if blank is not None:
-        env(**{f.metadata["env"]: blank for f in DECLARED})
+        env(**{var: blank for _, var in DECLARED})
     assert from_args([]) == TrainConfig()
 
 
 def test_flags_win_over_variables_and_secrets_have_no_flag(env, capsys):
     env(STEPS="5", MODEL="m", HF_TOKEN="hf_secret")
     cfg = from_args(["--max-steps", "9", "--learning-rate", "1e-3", "--bf16", "yes"])
-    assert (cfg.max_steps, cfg.model, cfg.learning_rate, cfg.bf16) == (9, "m", 1e-3, True)
-    assert cfg.hf_token == "hf_secret" and "hf_secret" not in repr(cfg)
+    got = (cfg.grpo.max_steps, cfg.run.model, cfg.grpo.learning_rate, cfg.grpo.bf16)
+    assert got == (9, "m", 1e-3, True)
+    assert cfg.secrets.hf_token == "hf_secret" and "hf_secret" not in repr(cfg)
+    assert "hf_secret" not in repr(cfg.secrets)
     for secret in ("--hf-token", "--rollout-api-key"):
         with pytest.raises(SystemExit):
             from_args([secret, "x"])
     with pytest.raises(SystemExit):
         from_args(["--help"])
-    assert f"default: $STEPS, else {TrainConfig.max_steps}" in capsys.readouterr().out.replace(
-        "\n", " "
+    assert (
+        f"default: $STEPS, else {TrainConfig().grpo.max_steps}"
+        in capsys.readouterr().out.replace("\n", " ")
     )
 
 
 def test_run_id_defaults_to_the_bucket_name(env):
     env(BUCKET="me/wordle-7/")
-    assert from_args([]).run_id == "wordle-7"
-    assert from_args(["--run-id", "r"]).run_id == "r"
+    assert from_args([]).run.run_id == "wordle-7"
+    assert from_args(["--run-id", "r"]).run.run_id == "r"
     env(RUN_ID="from-env")
-    assert from_args([]).run_id == "from-env"
+    assert from_args([]).run.run_id == "from-env"
 
 
 def test_a_variable_that_does_not_parse_is_named(env, capsys):
@@ -93,9 +132,9 @@ def test_adapter_settings_are_read_from_flags_and_the_variable(env):
     env(ADAPTER="lora")
     argv = ["--lora-rank", "16", "--lora-alpha", "32", "--lora-target-modules", "q_proj, v_proj"]
     cfg = from_args([*argv, "--adapter-name", "wordle-lora"])
-    assert (cfg.adapter, cfg.lora_rank, cfg.lora_alpha) == ("lora", 16, 32)
-    assert (cfg.target_modules(), cfg.adapter_name) == (["q_proj", "v_proj"], "wordle-lora")
-    assert TrainConfig().adapter is None  # the default: full weights
+    assert (cfg.adapter.kind, cfg.adapter.rank, cfg.adapter.alpha) == ("lora", 16, 32)
+    assert (cfg.adapter.modules(), cfg.adapter.name) == (["q_proj", "v_proj"], "wordle-lora")
+    assert TrainConfig().adapter.kind is None  # the default: full weights
 
 
 @pytest.mark.parametrize(
@@ -115,7 +154,7 @@ def test_adapter_settings_are_read_from_flags_and_the_variable(env):
 )
 def test_bad_adapter_settings_are_refused(env, capsys, settings, expected):
     with pytest.raises(AdapterConfigError, match="found") as e:
-        TrainConfig(**{"adapter": "lora", **settings})
+        TrainConfig.from_flags(**{"adapter": "lora", **settings})
     assert expected in str(e.value)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
     with pytest.raises(SystemExit) as exit_:
@@ -131,14 +170,14 @@ def test_an_evaluation_larger_than_the_held_out_set_is_refused():
     from wordle_env import wordlists
 
     cfg = TrainConfig()
-    played = {wordlists.target_for_seed(s) for s in eval_seeds(count=cfg.eval_episodes)}
+    played = {wordlists.target_for_seed(s) for s in eval_seeds(count=cfg.eval.episodes)}
     assert played <= held_out_targets()  # the default evaluation's words are all held out
-    TrainConfig(eval_episodes=EVAL_SEED_COUNT)
+    TrainConfig.from_flags(eval_episodes=EVAL_SEED_COUNT)
     for field in ("eval_episodes", "eval_curve_episodes"):
         with pytest.raises(
             EvalConfigError, match=f"{field}={EVAL_SEED_COUNT + 1}.*{EVAL_SEED_COUNT}"
         ):
-            TrainConfig(**{field: EVAL_SEED_COUNT + 1})
+            TrainConfig.from_flags(**{field: EVAL_SEED_COUNT + 1})
 
 
 def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given():
@@ -146,10 +185,11 @@ def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given
 
     assert hub_cpu_defaults({}, cuda=False) == {}  # the local model keeps its own
     given = {"model": "runs/models/smollm2-135m-instruct", "eval_episodes": 8}
-    sized = TrainConfig(**hub_cpu_defaults(given, cuda=False))
-    assert sized.eval_episodes == 8  # given on the command line: kept
-    assert sized.token_budget == HUB_CPU_DEFAULTS["token_budget"] < TrainConfig.token_budget
-    assert sized.num_generations == HUB_CPU_DEFAULTS["num_generations"]
+    sized = TrainConfig.from_flags(**hub_cpu_defaults(given, cuda=False))
+    assert sized.eval.episodes == 8  # given on the command line: kept
+    budget = TrainConfig().grpo.token_budget
+    assert sized.grpo.token_budget == HUB_CPU_DEFAULTS["token_budget"] < budget
+    assert sized.grpo.num_generations == HUB_CPU_DEFAULTS["num_generations"]
     assert hub_cpu_defaults(given, cuda=True) == given  # a GPU trains the usual sizes
     with_bucket = hub_cpu_defaults({"bucket": "user/run"}, cuda=False)  # Qwen3-0.6B by default
     assert with_bucket["token_budget"] == HUB_CPU_DEFAULTS["token_budget"]
@@ -158,8 +198,8 @@ def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given
 def test_a_hub_model_is_warm_started_only_when_it_never_saw_a_tool_unless_asked():
     from trainer.config import HUB_WARM_START_GAMES
 
-    cfg = TrainConfig(model="some/model")
-    assert cfg.hub_warm_start_game_count(template_swapped=True) == HUB_WARM_START_GAMES
-    assert cfg.hub_warm_start_game_count(template_swapped=False) == 0
-    asked = TrainConfig(model="some/model", hub_warm_start_games=7)
+    run = TrainConfig.from_flags(model="some/model").run
+    assert run.hub_warm_start_game_count(template_swapped=True) == HUB_WARM_START_GAMES
+    assert run.hub_warm_start_game_count(template_swapped=False) == 0
+    asked = TrainConfig.from_flags(model="some/model", hub_warm_start_games=7).run
     assert asked.hub_warm_start_game_count(template_swapped=False) == 7

@@ -78,7 +78,7 @@ def test_requests_spread_over_every_healthy_replica(fleet, replicas):
     assert by == {a.url, b.url}
     assert min(a.requests, b.requests) >= 0.2 * 40  # each serves at least 20%
     assert all(r.headers["X-Deltasync-Version"] == "1" for r in out)
-    by_version = [p["served_by_version"] for p in pool.snapshot()]
+    by_version = [p["served_by_version"] for p in pool.replica_rows()]
     assert sum(v[1] for v in by_version) == 40  # every answer counted under its version
 
 
@@ -89,11 +89,11 @@ def test_refused_503_and_hanging_replicas_lose_no_request(fleet, replicas):
     dead.stop()  # refuses connections
     pool, url = fleet([good.url, busy.url, hung.url, dead.url], request_timeout_s=1.0)
     for r in (busy, hung):  # make them look healthy to the router: /health still answers
-        assert any(p["url"] == r.url and p["state"] == "serving" for p in pool.snapshot())
+        assert any(p["url"] == r.url and p["state"] == "serving" for p in pool.replica_rows())
     out = post_many(url, 12, concurrency=4)
     assert [r.status_code for r in out] == [200] * 12
     assert {r.headers["X-Deltasync-Replica"] for r in out} == {good.url}
-    failed = {p["url"]: p["failed"] for p in pool.snapshot()}
+    failed = {p["url"]: p["failed"] for p in pool.replica_rows()}
     assert failed[busy.url] >= 1 and failed[hung.url] >= 1 and failed[dead.url] >= 1
 
 
@@ -159,14 +159,17 @@ def test_discovery_from_heartbeats_join_leave_and_bad_urls(replicas, caplog):
     announce("bad", "ftp://x/y")
     with caplog.at_level(logging.WARNING, logger="trainer.fleet"):
         pool.refresh()
-    assert [p["url"] for p in pool.snapshot()] == [a.url]
+    assert [p["url"] for p in pool.replica_rows()] == [a.url]
     assert sum("ignored" in m for m in caplog.messages) == 2
     announce("b", b.url)  # joins late
     pool.refresh()
-    assert {p["url"]: p["state"] for p in pool.snapshot()} == {a.url: "serving", b.url: "serving"}
+    assert {p["url"]: p["state"] for p in pool.replica_rows()} == {
+        a.url: "serving",
+        b.url: "serving",
+    }
     announce("a", a.url, age_s=120.0)  # its heartbeat goes stale: it leaves
     pool.refresh()
-    assert {p["url"]: p["state"] for p in pool.snapshot()} == {a.url: "gone", b.url: "serving"}
+    assert {p["url"]: p["state"] for p in pool.replica_rows()} == {a.url: "gone", b.url: "serving"}
     assert pool.acquire(exclude=set()).url == b.url
     pool.stop()
 
@@ -175,13 +178,13 @@ def test_a_replica_too_far_behind_is_drained(fleet, replicas):
     old, new = replicas(2)
     old.version, new.version = 1, 9
     pool, url = fleet([old.url, new.url], published_version_fn=lambda: 10, max_staleness=4)
-    states = {p["url"]: p["state"] for p in pool.snapshot()}
+    states = {p["url"]: p["state"] for p in pool.replica_rows()}
     assert states == {old.url: "draining", new.url: "serving"}
     out = post_many(url, 6)
     assert {r.headers["X-Deltasync-Replica"] for r in out} == {new.url} and old.requests == 0
     old.version = 8
     pool.refresh()
-    assert {p["url"]: p["state"] for p in pool.snapshot()}[old.url] == "serving"
+    assert {p["url"]: p["state"] for p in pool.replica_rows()}[old.url] == "serving"
 
 
 def test_per_replica_headers_replace_the_callers_authorization(fleet, replicas):
@@ -239,7 +242,7 @@ def test_each_sample_is_tagged_with_the_oldest_version_that_answered_it(replicas
     import queue
     from types import SimpleNamespace
 
-    from trainer.fleet.rollout_tagging import ReplicaVersionTagger
+    from trainer.loop.rollout_tagging import ReplicaVersionTagger
 
     old, new = replicas(1, version=3)[0], replicas(1, version=5)[0]
     pool = ReplicaPool([old.url, new.url], health_interval_s=0.2).start()

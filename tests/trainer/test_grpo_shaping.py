@@ -63,9 +63,9 @@ def test_unscored_group_keeps_advantage_zero():
 
 
 def test_scale_rewards_setting_is_checked():
-    assert TrainConfig(scale_rewards="none").scale_rewards == "none"
+    assert TrainConfig.from_flags(scale_rewards="none").grpo.scale_rewards == "none"
     with pytest.raises(GRPOConfigError, match="expected 'group'"):
-        TrainConfig(scale_rewards="std")
+        TrainConfig.from_flags(scale_rewards="std")
 
 
 def test_spelling_features_mark_letters_at_positions_and_distinct_letters():

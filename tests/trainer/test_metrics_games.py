@@ -1,5 +1,5 @@
 """Training games and their consistent share: the consistent guesses read back from rendered
-conversations (``trainer.fleet.rollout_tagging.consistency``) equal what the environment's own
+conversations (``trainer.task.board.consistency``) equal what the environment's own
 ``EpisodeStats`` counts; the tagger counts each kept, scored episode once however many rows TRL
 made of it; and the metrics callback writes the step's share and game count to the bucket and its
 log line, and copies the new evaluation rates (not ``per_seed``)."""
@@ -16,7 +16,8 @@ import pytest
 
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
 from deltasync.store import Store
-from trainer.fleet.rollout_tagging import ReplicaVersionTagger, accepted_moves, consistency
+from trainer.loop.rollout_tagging import ReplicaVersionTagger
+from trainer.task.board import accepted_moves, consistency
 from trainer.task.wordle_task import EpisodeStats, call_message, solver_conversation
 from wordle_env import wordlists
 from wordle_env.game import WordleGame

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from trainer.config import TrainConfig
+from trainer.config import GRPOSettings
 from trainer.task import chat_format
 from trainer.task.hub_warm_start import HubWarmStartConfig, cut, encoded_games
 from trainer.task.wordle_task import (
@@ -91,7 +91,7 @@ def test_a_guess_call_renders_parses_back_and_fits_a_turn(tokenizer):
     assert parsed["tool_calls"][0]["function"] == {"name": "guess", "arguments": {"word": "crane"}}
     ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
     assert len(tokenizer("crane", add_special_tokens=False)["input_ids"]) >= 1
-    assert len(ids) <= TrainConfig.max_completion_length  # a call fits the per-turn cap
+    assert len(ids) <= GRPOSettings.max_completion_length  # a call fits the per-turn cap
 
 
 @pytest.mark.parametrize(

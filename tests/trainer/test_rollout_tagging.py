@@ -1,4 +1,4 @@
-"""Truthful staleness (trainer.fleet.rollout_tagging): rollouts are stamped with the TRL version of the
+"""Truthful staleness (trainer.loop.rollout_tagging): rollouts are stamped with the TRL version of the
 bucket version the replica serves, and consumed samples feed the staleness histogram."""
 
 import queue
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from trainer.fleet.rollout_tagging import ReplicaVersionTagger
+from trainer.loop.rollout_tagging import ReplicaVersionTagger
 
 
 def _sample(model_version: int) -> SimpleNamespace:

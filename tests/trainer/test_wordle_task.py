@@ -58,9 +58,9 @@ def test_tool_call_and_prompt_fit_the_turn_and_context(tokenizer):
     ids = _ids(tokenizer, call)
     assert tokenizer.decode(ids, skip_special_tokens=False) == call
     assert len(ids) <= 16
-    from trainer.config import TrainConfig
+    from trainer.config import GRPOSettings
 
-    assert len(ids) <= TrainConfig.max_completion_length
+    assert len(ids) <= GRPOSettings.max_completion_length
     prompt = prompt_messages()
     prompt[-1]["content"] += RESET_TEXT
     first = tokenizer.apply_chat_template(

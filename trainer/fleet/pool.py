@@ -299,7 +299,7 @@ class ReplicaPool:
             ]
         return "; ".join(parts) or "no replica known (none announced in the bucket)"
 
-    def snapshot(self) -> list[dict]:
+    def replica_rows(self) -> list[dict]:
         """Per replica: url, id, state, held version, in flight, served, failed, last error, and
         the answers it served per bucket version (from ``X-Deltasync-Version``)."""
         with self.lock:

@@ -146,9 +146,9 @@ class FleetRouter:
             sessions.clear()
 
         async def health(request: Request) -> Response:
-            serving = any(r["state"] == "serving" for r in self.pool.snapshot())
+            serving = any(r["state"] == "serving" for r in self.pool.replica_rows())
             return JSONResponse(
-                {"status": "ok" if serving else "waiting", "replicas": self.pool.snapshot()},
+                {"status": "ok" if serving else "waiting", "replicas": self.pool.replica_rows()},
                 status_code=200 if serving else 503,
             )
 

@@ -16,23 +16,23 @@ from __future__ import annotations
 import logging
 import os
 
-from trainer.config import AdapterConfigError, TrainConfig
+from trainer.config import AdapterConfigError, AdapterSettings
 
 log = logging.getLogger("trainer.loop.adapter")
 
 TASK_TYPE = "CAUSAL_LM"
 
 
-def lora_config(cfg: TrainConfig):
-    """The ``peft.LoraConfig`` of the run (rank, alpha and target modules from ``cfg``; no
+def lora_config(settings: AdapterSettings):
+    """The ``peft.LoraConfig`` of the run (rank, alpha and target modules from ``settings``; no
     dropout, no bias: what vLLM serves as a LoRA), for TRL's ``peft_config`` argument. PEFT
     fills in ``base_model_name_or_path`` when it wraps the model."""
     from peft import LoraConfig
 
     return LoraConfig(
-        r=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha,
-        target_modules=cfg.target_modules(),
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        target_modules=settings.modules(),
         lora_dropout=0.0,
         bias="none",
         task_type=TASK_TYPE,
@@ -73,34 +73,37 @@ def base_digest(model) -> str:
     return base_digest_of(base_named_tensors(model.state_dict().items()))
 
 
-def adapter_info(cfg: TrainConfig, model_path: str):
+def adapter_info(settings: AdapterSettings, model_path: str):
     """The run's ``deltasync.manifest.AdapterInfo``, for the publisher, computed before the
-    trainer exists: the base model is loaded once here (in its checkpoint dtype, then freed) to
-    digest its weights. The trainer's own PEFT model is checked against it at its first sync
-    (:func:`check_trainer_model`).
+    trainer exists without building a model: the base digest is
+    ``deltasync.adapter.base_digest_of_folder`` over the checkpoint's safetensors files (read
+    memory-mapped, one tensor at a time; what a replica serving that folder computes, and equal
+    to :func:`base_digest` of the model loaded from it). TRL's model, the one model the run
+    builds, is checked against it at the first sync (:func:`check_trainer_model`).
 
     Raises:
-        AdapterConfigError: ``cfg.adapter`` is not ``lora``.
+        AdapterConfigError: ``settings.kind`` is not ``lora``.
+        FileNotFoundError: the checkpoint holds no safetensors file.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
+    from deltasync.adapter import base_digest_of_folder
     from deltasync.manifest import AdapterInfo
 
-    if cfg.adapter != "lora":
-        raise AdapterConfigError(f"adapter_info: expected ADAPTER=lora, found {cfg.adapter!r}")
+    if settings.kind != "lora":
+        raise AdapterConfigError(f"adapter_info: expected ADAPTER=lora, found {settings.kind!r}")
     name = base_name(model_path)
-    with torch.no_grad():
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto")
-        digest = base_digest(base)
-    del base
+    folder = model_path
+    if not os.path.isdir(folder):  # a hub id: the files TRL loads (the same hub cache)
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(model_path, allow_patterns=["*.safetensors", "*.json"])
+    digest = base_digest_of_folder(folder)
     info = AdapterInfo(
         kind="lora",
-        peft_config=peft_config_json(lora_config(cfg), name),
+        peft_config=peft_config_json(lora_config(settings), name),
         base_model=name,
         base_digest=digest,
     )
-    log.info("adapter run: LoRA r=%d on %s (base digest %s)", cfg.lora_rank, name, digest)
+    log.info("adapter run: LoRA r=%d on %s (base digest %s)", settings.rank, name, digest)
     return info
 
 
@@ -189,9 +192,9 @@ def restore_from_bucket(model, publisher) -> int | None:
     return held.version
 
 
-def max_lora_rank(cfg: TrainConfig) -> int:
-    """The ``--max-lora-rank`` a replica needs for this run's adapter: ``lora_rank`` rounded up
-    to a rank vLLM builds buffers for (TRL's ``round_lora_rank``: 4 -> 8, 12 -> 16).
+def max_lora_rank(settings: AdapterSettings) -> int:
+    """The ``--max-lora-rank`` a replica needs for this run's adapter: ``rank`` rounded up to a
+    rank vLLM builds buffers for (TRL's ``round_lora_rank``: 4 -> 8, 12 -> 16).
 
     Raises:
         AdapterConfigError: the rank is larger than any vLLM serves.
@@ -199,32 +202,6 @@ def max_lora_rank(cfg: TrainConfig) -> int:
     from trl.experimental.async_grpo.async_grpo_trainer import round_lora_rank
 
     try:
-        return round_lora_rank(cfg.lora_rank)
+        return round_lora_rank(settings.rank)
     except ValueError as e:
         raise AdapterConfigError(f"--lora-rank: {e}") from e
-
-
-def replica_env(cfg: TrainConfig) -> dict[str, str]:
-    """The environment a rollout replica of this run needs (``spaces/vllm-rollout``): for an
-    adapter run ``ADAPTER``, ``ADAPTER_NAME`` and ``MAX_LORA_RANK``; nothing for full weights."""
-    if cfg.adapter is None:
-        return {}
-    return {
-        "ADAPTER": cfg.adapter,
-        "ADAPTER_NAME": cfg.adapter_name,
-        "MAX_LORA_RANK": str(max_lora_rank(cfg)),
-    }
-
-
-def refuse_several_processes(cfg: TrainConfig, world: int) -> None:
-    """Adapter runs train in one process for now: the transfer reads the adapter on rank 0
-    without TRL's per-parameter stream, which under FSDP2 is a collective every rank joins.
-
-    Raises:
-        AdapterConfigError: ``cfg.adapter`` is set and ``world`` > 1.
-    """
-    if cfg.adapter and world > 1:
-        raise AdapterConfigError(
-            f"ADAPTER={cfg.adapter}: expected one trainer process, found {world} (NPROC); "
-            "train the adapter with NPROC=1, or unset ADAPTER to train full weights on several"
-        )

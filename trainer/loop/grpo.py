@@ -6,33 +6,42 @@ from __future__ import annotations
 import os
 import time
 
-from trainer.config import TINY, TrainConfig
-from trainer.fleet.rollout_tagging import ReplicaVersionTagger
-from trainer.loop import adapter, ranks, trl_compat
+from trainer.config import TINY, GRPOSettings, RunSettings
+from trainer.loop import ranks, trl_compat
 from trainer.loop.advantages import CentredAdvantages
 from trainer.loop.bucket_transfer import BucketWeightTransfer
+from trainer.loop.rollout_tagging import ReplicaVersionTagger
+from trainer.loop.trained_weights import FullWeights
 from trainer.task.wordle_task import WordleToolEnv, make_dataset
 
 
 def build_trainer(
-    cfg: TrainConfig,
+    grpo: GRPOSettings,
+    run: RunSettings,
+    weights: FullWeights,
     model_path: str,
+    rollout_url: str | None = None,
     publisher=None,
     replica_version_fn=None,
     on_first_apply=None,
     sample_versions_fn=None,
 ):
     """AsyncGRPOTrainer with the bucket weight transfer and truthful staleness tagging; returns
-    ``(trainer, transfer, tagger)``. Ranks other than 0 pass only ``cfg`` and ``model_path``.
+    ``(trainer, transfer, tagger)``. Ranks other than 0 pass only the settings, ``weights`` and
+    ``model_path``.
+
+    ``grpo``: the update's settings; ``run``: the output folder and the seed; ``weights``: what
+    the run trains (``trainer.loop.trained_weights``). ``rollout_url``: the fleet router's URL
+    that :meth:`trainer.stack.RunStack.start` returned (TRL's ``vllm_server_base_url``).
 
     ``on_first_apply(version)`` runs once the replica serves the first published version and
     before TRL's rollout worker starts (the evaluation "before" uses it).
     ``sample_versions_fn(token_ids)``: the versions that answered a sample's turns (the router's
     ``EpisodeAffinity.versions_of``), for per-sample staleness.
 
-    Adapter runs (``cfg.adapter``): TRL wraps the model with the run's LoRA config
-    (``peft_config``); the transfer publishes the adapter's tensors only, the model stays
-    unmerged, and rollouts request ``cfg.adapter_name``.
+    Adapter runs: TRL wraps the model with the run's LoRA config (``weights.peft_config()``); the
+    transfer publishes the adapter's tensors only, the model stays unmerged, and rollouts request
+    ``weights.served_name`` (``weights.prepare_trainer``).
 
     Raises:
         trainer.config.AdapterConfigError: an adapter run with several processes, or an adapter
@@ -42,43 +51,43 @@ def build_trainer(
     """
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-    adapter.refuse_several_processes(cfg, ranks.world())
+    weights.check_processes(ranks.world())
 
-    step_samples = cfg.per_device_train_batch_size
+    step_samples = grpo.per_device_train_batch_size
     args = AsyncGRPOConfig(
-        output_dir=cfg.output_dir or os.path.join(cfg.run_dir, "trainer"),
-        max_steps=cfg.max_steps,
-        learning_rate=cfg.lr(),
-        num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        max_completion_length=cfg.max_completion_length,
-        max_tool_calling_iterations=cfg.max_tool_calling_iterations,
-        max_staleness=cfg.max_staleness,
+        output_dir=run.output_dir or os.path.join(run.run_dir, "trainer"),
+        max_steps=grpo.max_steps,
+        learning_rate=grpo.learning_rate,
+        num_generations=grpo.num_generations,
+        per_device_train_batch_size=grpo.per_device_train_batch_size,
+        max_completion_length=grpo.max_completion_length,
+        max_tool_calling_iterations=grpo.max_tool_calling_iterations,
+        max_staleness=grpo.max_staleness,
         # Bounded generation: at most one step's worth of episodes in flight and one step's worth
         # of scored samples queued: the next step is generated while this one trains, and little
         # is generated that will be discarded as stale.
-        max_inflight_tasks=cfg.max_inflight_tasks or step_samples,
-        queue_maxsize=cfg.queue_maxsize or step_samples,
+        max_inflight_tasks=grpo.max_inflight_tasks or step_samples,
+        queue_maxsize=grpo.queue_maxsize or step_samples,
         chat_template_kwargs={"enable_thinking": False},
         # the local model: recomputation costs more than it saves; a hub model (SmolLM2-135M, 30
         # layers) kept ~9 GB of activations for a 6,144-token row and a LoRA run was killed for
         # memory on the 24 GiB machine: recomputed there
-        gradient_checkpointing=cfg.model_id() != TINY,
-        token_budget=cfg.token_budget,
-        weight_sync_steps=cfg.weight_sync_steps,
-        vllm_server_base_url=cfg.vllm_url,
-        dtype="bfloat16" if cfg.bf16 else "float32",
-        bf16=cfg.bf16,
+        gradient_checkpointing=run.model_id() != TINY,
+        token_budget=grpo.token_budget,
+        weight_sync_steps=grpo.weight_sync_steps,
+        vllm_server_base_url=rollout_url,
+        dtype="bfloat16" if grpo.bf16 else "float32",
+        bf16=grpo.bf16,
         logging_steps=1,
         report_to="none",
         save_strategy="no",
-        seed=cfg.seed,
+        seed=run.seed,
         log_completions=False,
         # several CPU processes: accelerate's MULTI_CPU (DDP over gloo) needs use_cpu
         use_cpu=ranks.world() > 1 and not ranks.has_cuda(),
         ddp_find_unused_parameters=False,  # every parameter takes part in the forward
     )
-    n_rows = max(64, cfg.max_steps * cfg.per_device_train_batch_size)
+    n_rows = max(64, grpo.max_steps * grpo.per_device_train_batch_size)
     state = {}
     transfer = BucketWeightTransfer(
         publisher,
@@ -89,14 +98,13 @@ def build_trainer(
         model=model_path,
         reward_funcs=[],  # the environment's get_reward is the reward (trainer.task.wordle_task)
         args=args,
-        train_dataset=make_dataset(n_rows, cfg.seed),
+        train_dataset=make_dataset(n_rows, run.seed),
         environment_factory=WordleToolEnv,
         weight_transfer=transfer,
-        peft_config=adapter.lora_config(cfg) if cfg.adapter else None,
+        peft_config=weights.peft_config(),
     )
     state["trainer"] = trainer
-    if cfg.adapter:
-        _adapter_sync(cfg, trainer, transfer, publisher)
+    weights.prepare_trainer(trainer, transfer, publisher)
     trl_compat.bound_score_queue(trainer, groups=1)
     tagger = trl_compat.wrap_rollout_worker(
         trainer,
@@ -104,31 +112,18 @@ def build_trainer(
             inner,
             lambda: transfer.last_version,
             replica_version_fn,
-            max_staleness=cfg.max_staleness,
+            max_staleness=grpo.max_staleness,
             sample_versions_fn=sample_versions_fn,
         ),
     )
-    if cfg.tied_answer_rows():
+    if grpo.tie_answer_rows:
         from trainer.loop.spelling_tie import SpellingTiedRows
 
         model = trainer.accelerator.unwrap_model(trainer.model)
         trainer.add_callback(SpellingTiedRows(model, trainer.processing_class))
-    if cfg.scale_rewards == "none" and trainer.rollout_queue is not None:
+    if grpo.scale_rewards == "none" and trainer.rollout_queue is not None:
         trainer.rollout_queue = CentredAdvantages(trainer.rollout_queue)
     return trainer, transfer, tagger
-
-
-def _adapter_sync(cfg: TrainConfig, trainer, transfer: BucketWeightTransfer, publisher) -> None:
-    """Adapter run: check the PEFT model against the publisher's adapter, restore the newest
-    published adapter on a restart, keep the model unmerged, let the transfer publish its adapter
-    tensors and the rollouts request the adapter's name."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    if publisher is not None:
-        adapter.check_trainer_model(model, publisher.adapter)
-        adapter.restore_from_bucket(model, publisher)  # a restart goes on from the bucket
-    trl_compat.keep_adapter_unmerged(model)
-    transfer.adapter_fn = lambda: adapter.adapter_tensors(model)
-    trl_compat.set_request_model(trainer, cfg.adapter_name)
 
 
 def wait_for_version(version_fn, version: int, timeout_s: float = 600.0) -> None:

@@ -16,10 +16,11 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from trainer.config import TrainConfig
+from trainer.config import EvalSettings
 from trainer.loop.grpo import wait_for_version
 from trainer.task.evaluate import check_context, evaluate
 from trainer.task.wordle_task import eval_seeds
@@ -37,70 +38,93 @@ CURVE_FIELDS = (
 )
 
 
+@dataclass
+class EvalTarget:
+    """What the evaluations play through: the fleet router's URL, the model folder (its
+    tokenizer renders the prompts), the Wordle server's URL, the model name to request (an
+    adapter run's served name; None: the served model), and the tokens of a turn."""
+
+    replica_url: str
+    model_path: str
+    env_url: str
+    model_name: str | None
+    max_tokens: int
+
+
 class HeldOutEvals:
     """The run's held-out evaluations, all through the replica fleet: ``before`` (once the
-    replica serves the first version), a learning-curve point every ``cfg.eval_every`` steps, and
+    replica serves the first version), a learning-curve point every ``settings.every`` steps, and
     ``after`` (once it serves the final version). Each block is kept in :attr:`blocks` (label ->
     ``trainer.task.evaluate.summarize`` block with ``per_seed``) and recorded in the bucket
-    metrics (``metrics_cb.add_eval``).
+    metrics (``record(label, step, version, block)``).
 
     Args:
-        cfg: the run config (``eval_episodes``, ``eval_curve_episodes``, ``eval_temperature``,
-            ``max_completion_length``).
-        stack: the :class:`~trainer.stack.RunStack` (the router URL, the Wordle server, the
-            publisher, the fleet's served version).
-        metrics_cb: the run's ``BucketMetricsCallback``.
+        settings: the run's :class:`~trainer.config.EvalSettings`.
+        target: :class:`EvalTarget`.
+        newest_version: ``f() -> int``: the newest published version.
+        served_version: ``f() -> int | None``: the oldest version the serving replicas hold.
+        record: ``f(label, step, version, block)`` (the metrics callback's ``add_eval``).
     """
 
-    def __init__(self, cfg: TrainConfig, stack, metrics_cb):
-        self.cfg, self.stack, self.metrics_cb = cfg, stack, metrics_cb
+    def __init__(
+        self,
+        settings: EvalSettings,
+        target: EvalTarget,
+        newest_version: Callable[[], int],
+        served_version: Callable[[], int | None],
+        record: Callable[[str, int, int | None, dict], None],
+    ):
+        self.settings, self.target = settings, target
+        self.newest_version, self.served_version, self.record = (
+            newest_version,
+            served_version,
+            record,
+        )
         self.blocks: dict[str, dict] = {}
 
     def play(self, label: str, step: int, version: int | None, games: int) -> None:
         """Play ``games`` held-out games (the first ``games`` evaluation seeds) and record them."""
         if games <= 0:
             return
-        t0 = time.time()
-        cfg, stack = self.cfg, self.stack
+        t0, t = time.time(), self.target
         block = evaluate(
-            stack.replica_url,
-            stack.model_path,
-            stack.env_url,
+            t.replica_url,
+            t.model_path,
+            t.env_url,
             eval_seeds(count=games),
-            cfg.max_completion_length,
-            cfg.eval_temperature,
+            t.max_tokens,
+            self.settings.temperature,
             per_seed=True,
-            model_name=cfg.adapter_name if cfg.adapter else None,
+            model_name=t.model_name,
         )
         self.blocks[label] = block
-        self.metrics_cb.add_eval(label, step, version, block)
+        self.record(label, step, version, block)
         log.info("eval %s (v%s, %.0fs): %s", label, version, time.time() - t0, fmt_eval(block))
 
     def before(self, version: int) -> None:
         """Once a replica serves the first version: the context check, then the evaluation."""
-        worst = check_context(
-            self.stack.replica_url, self.stack.model_path, self.cfg.max_completion_length
-        )
+        t = self.target
+        worst = check_context(t.replica_url, t.model_path, t.max_tokens)
         log.info("a full episode fits the replica's context (at most %d tokens)", worst)
-        self.play("before", 0, version, self.cfg.eval_episodes)
+        self.play("before", 0, version, self.settings.episodes)
 
     def curve_point(self, step: int) -> None:
         """A learning-curve point: the held-out games on the newest published version."""
-        self._play_newest(f"step-{step}", step, self.cfg.eval_curve_episodes)
+        self._play_newest(f"step-{step}", step, self.settings.curve_episodes)
 
     def after(self, step: int) -> None:
         """The final evaluation, on the final version, paired with ``before``."""
-        self._play_newest("after", step, self.cfg.eval_episodes)
+        self._play_newest("after", step, self.settings.episodes)
 
     def _play_newest(self, label: str, step: int, games: int) -> None:
-        version = self.stack.publisher.published[-1].version
-        wait_for_version(self.stack.replica_version, version, timeout_s=300)
+        version = self.newest_version()
+        wait_for_version(self.served_version, version, timeout_s=300)
         self.play(label, step, version, games)
 
     def curve(self) -> list[dict]:
         """One row per evaluation, in order, each with its paired difference from the first
         evaluation on the seeds they share (a curve point plays the first
-        ``eval_curve_episodes``)."""
+        ``curve_episodes``)."""
         before = self.blocks.get("before")
         rows = []
         for label, block in self.blocks.items():

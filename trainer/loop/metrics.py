@@ -43,14 +43,15 @@ class BucketMetricsCallback(TrainerCallback):
         run_id: the run.
         publisher: the DeltaPublisher (its committed entries give bytes, density, timings).
         tagger: the ReplicaVersionTagger (staleness histogram, replica version, the training
-            games of each step and their consistent share), or None; may be set after
-            construction.
+            games of each step and their consistent share), or None.
         keep: newest steps kept in the file.
         log_path: a local JSON-lines file that receives every logged dict in full (TRL's
             ``perf/*``, ``sample/*``, ``rollout/*`` counters), one line per step; None: none.
         min_write_interval_s: on remote stores (hf://, s3://) the file is rewritten at most this
             often (each write costs Hub API calls, shared by the whole fleet); locally after
             every step. Evaluations and the end of training always write.
+        fleet: ``f() -> list[dict]``: the fleet's per-replica rows
+            (``trainer.fleet.pool.ReplicaPool.replica_rows``), or None.
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class BucketMetricsCallback(TrainerCallback):
         keep: int = 1000,
         min_write_interval_s: float = 30.0,
         log_path: str | None = None,
+        fleet=None,
     ):
         self.log_path = log_path
         self.store = store
@@ -72,7 +74,7 @@ class BucketMetricsCallback(TrainerCallback):
         self.tagger = tagger
         self.keep = keep
         self.metrics = TrainerMetrics(run_id=run_id)
-        self.fleet = None  # () -> the fleet router's per-replica snapshot (trainer.fleet)
+        self.fleet = fleet
         self.step_s: list[float] = []
         self._step_t0: float | None = None
 

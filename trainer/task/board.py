@@ -24,6 +24,7 @@ it could still be the secret word given every earlier feedback row, by the envir
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -153,3 +154,38 @@ def is_consistent(guess: str, guesses: Sequence[str], marks: Sequence[str]) -> b
     return all(
         g != guess and rules.feedback(g, guess) == m for g, m in zip(guesses, marks, strict=True)
     )
+
+
+# An accepted guess in the game's reply (``wordle_env.game``): the guess, then its feedback row.
+_ACCEPTED = re.compile(r"You submitted \[([a-z]+)\]\.\nFeedback:\n[A-Z ]+\n([GYX ]+)\n")
+
+
+def accepted_moves(completion: Sequence[dict]) -> tuple[list[str], list[str]]:
+    """The accepted guesses of one episode and their feedback rows (``G``/``Y``/``X`` strings),
+    read from the game's replies in its tool messages (invalid moves and tool errors have none).
+
+    Args:
+        completion: the episode's messages after the prompt, as TRL's ``RolloutSample.completion``
+            holds them (assistant turns and ``{"role": "tool", "content": <reply>}``).
+    """
+    guesses, marks = [], []
+    for message in completion:
+        content = message.get("content")
+        if message.get("role") != "tool" or not isinstance(content, str):
+            continue
+        m = _ACCEPTED.match(content)
+        if m is not None:
+            guesses.append(m.group(1))
+            marks.append(m.group(2).replace(" ", ""))
+    return guesses, marks
+
+
+def consistency(completion: Sequence[dict]) -> tuple[int, int]:
+    """``(consistent, checked)`` of one episode, as ``trainer.task.wordle_task.EpisodeStats`` counts
+    them: ``checked`` accepted guesses from the 2nd on, ``consistent`` of them could still be the
+    secret word given all earlier feedback (:func:`is_consistent`)."""
+    guesses, marks = accepted_moves(completion)
+    consistent = sum(
+        is_consistent(guesses[i], guesses[:i], marks[:i]) for i in range(1, len(guesses))
+    )
+    return consistent, max(0, len(guesses) - 1)

@@ -29,12 +29,18 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
-from trainer.config import EVAL_SEED_COUNT, EVAL_SEED_FIRST, space_headers
 from trainer.task import board
 from wordle_env import rules, wordlists
 
 log = logging.getLogger("trainer.task.wordle_task")
+
+# Held-out evaluation seeds (:func:`eval_seeds`): their targets are kept out of the warm start and
+# of GRPO's data. An evaluation plays the first ``eval_episodes`` of them, at most EVAL_SEED_COUNT:
+# 512 seeds hold out 484 of the 3,568 answers.
+EVAL_SEED_FIRST = 900_000
+EVAL_SEED_COUNT = 512
 
 ENV_URL_VAR = "DELTASYNC_ENV_URL"
 SYSTEM_PROMPT = (
@@ -63,6 +69,15 @@ def eval_seeds(first: int = EVAL_SEED_FIRST, count: int = EVAL_SEED_COUNT) -> li
 def held_out_targets(first: int = EVAL_SEED_FIRST, count: int = EVAL_SEED_COUNT) -> frozenset:
     """The target words of the evaluation seeds (excluded from training games)."""
     return frozenset(wordlists.target_for_seed(s) for s in eval_seeds(first, count))
+
+
+def space_headers(url: str, hf_token: str | None) -> dict[str, str]:
+    """``Authorization: Bearer <hf_token>`` for a ``*.hf.space`` URL (a private Space), else no
+    header: the HF token is never sent to other hosts."""
+    host = urlparse(url).hostname or ""
+    if hf_token and host.endswith(".hf.space"):
+        return {"Authorization": f"Bearer {hf_token}"}
+    return {}
 
 
 def prompt_messages() -> list[dict]:

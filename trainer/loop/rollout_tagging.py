@@ -11,7 +11,7 @@ also keeps the staleness histogram of every sample the trainer took from the que
 ``max_staleness`` are the ones TRL dropped.
 
 It also counts the training games: each episode the trainer kept (not dropped as stale) and that
-was scored, once, with its consistent guesses (:func:`consistency`, read from the conversation's
+was scored, once, with its consistent guesses (``trainer.task.board.consistency``, read from the conversation's
 tool messages), per step (:meth:`ReplicaVersionTagger.take_games`) and in all (``games_total``).
 """
 
@@ -20,51 +20,16 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.task import board
+from trainer.task.board import consistency
 
-log = logging.getLogger("trainer.fleet.rollout_tagging")
-
-# An accepted guess in the game's reply (``wordle_env.game``): the guess, then its feedback row.
-_ACCEPTED = re.compile(r"You submitted \[([a-z]+)\]\.\nFeedback:\n[A-Z ]+\n([GYX ]+)\n")
-
-
-def accepted_moves(completion: Sequence[dict]) -> tuple[list[str], list[str]]:
-    """The accepted guesses of one episode and their feedback rows (``G``/``Y``/``X`` strings),
-    read from the game's replies in its tool messages (invalid moves and tool errors have none).
-
-    Args:
-        completion: the episode's messages after the prompt, as TRL's ``RolloutSample.completion``
-            holds them (assistant turns and ``{"role": "tool", "content": <reply>}``).
-    """
-    guesses, marks = [], []
-    for message in completion:
-        content = message.get("content")
-        if message.get("role") != "tool" or not isinstance(content, str):
-            continue
-        m = _ACCEPTED.match(content)
-        if m is not None:
-            guesses.append(m.group(1))
-            marks.append(m.group(2).replace(" ", ""))
-    return guesses, marks
-
-
-def consistency(completion: Sequence[dict]) -> tuple[int, int]:
-    """``(consistent, checked)`` of one episode, as ``trainer.task.wordle_task.EpisodeStats`` counts
-    them: ``checked`` accepted guesses from the 2nd on, ``consistent`` of them could still be the
-    secret word given all earlier feedback (``trainer.task.board.is_consistent``)."""
-    guesses, marks = accepted_moves(completion)
-    consistent = sum(
-        board.is_consistent(guesses[i], guesses[:i], marks[:i]) for i in range(1, len(guesses))
-    )
-    return consistent, max(0, len(guesses) - 1)
+log = logging.getLogger("trainer.loop.rollout_tagging")
 
 
 @dataclass

@@ -39,11 +39,10 @@ from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import read_heartbeats
 from trainer.config import TrainConfig
 from trainer.local import processes
-from trainer.loop.adapter import replica_env
 from trainer.run import run
 from trainer.stack import RunStack
 
-log = logging.getLogger("trainer.local.e2e")
+log = logging.getLogger("trainer.e2e")
 LATE = "local-1"
 MIN_SHARE = 0.10  # the least share of the rollout requests each replica serves
 
@@ -99,7 +98,7 @@ class Faults(TrainerCallback):
             self.stack.model_path,
             self.stack.logs_dir,
             replica_id=LATE,
-            extra_env=replica_env(self.stack.cfg),  # an adapter run's replicas load adapters
+            extra_env=self.stack.weights.replica_env(),  # an adapter run's replicas load adapters
         )
         self.stack.add_child(self.replica)
         self.urls.append(self.replica.url)
@@ -114,7 +113,7 @@ class Faults(TrainerCallback):
 
     def served(self, urls: list[str] | None = None) -> int:
         """Rollout requests the fleet router sent the late replica (``urls``: those instances)."""
-        rows = self.stack.pool.snapshot()
+        rows = self.stack.pool.replica_rows()
         return sum(
             r["served"] for r in rows if r["replica_id"] == LATE and r["url"] in (urls or self.urls)
         )
@@ -122,7 +121,7 @@ class Faults(TrainerCallback):
     def shares(self) -> dict[str, float]:
         """Each replica id's share of the rollout requests served so far."""
         per_id: dict[str, int] = {}
-        for r in self.stack.pool.snapshot():
+        for r in self.stack.pool.replica_rows():
             per_id[r["replica_id"]] = per_id.get(r["replica_id"], 0) + r["served"]
         total = sum(per_id.values())
         return {rid: n / total for rid, n in per_id.items()} if total else {}
@@ -211,7 +210,7 @@ def run_e2e(
         AssertionError: an end condition does not hold (replicas not on the final version, digest
             mismatch, a fault that did not happen while training ran, a replica under its share).
     """
-    cfg = TrainConfig(
+    flags = dict(
         run_id=run_id,
         runs_root=runs_root,
         max_steps=steps * 50,  # a bound only: Faults ends training (plan complete or ceiling_s)
@@ -225,8 +224,7 @@ def run_e2e(
         eval_every=0,
         fleet_health_interval_s=1.0,
     )
-    for k, v in train_overrides.items():
-        setattr(cfg, k, v)
+    cfg = TrainConfig.from_flags(**(flags | train_overrides))
     faults: dict = {}
     corrupted: dict = {}
 
@@ -240,7 +238,7 @@ def run_e2e(
         deadline = time.monotonic() + timeout_s
         while cb.replica is not None and time.monotonic() < deadline and cb.held() != final:
             time.sleep(1)
-        dash = httpx.get(f"http://127.0.0.1:{cfg.dashboard_port}/", timeout=10).status_code
+        dash = httpx.get(f"http://127.0.0.1:{cfg.local.dashboard_port}/", timeout=10).status_code
         restarted = cb.urls[1:]  # rollouts the late replica served after its restart
         served = sum(f["served"] for f in summary["fleet"] if f["url"] in restarted)
         summary["e2e"] = {
@@ -260,7 +258,7 @@ def run_e2e(
         before_stop=before_stop,
     )
     report = _report(cfg, summary, steps, min_share)
-    with open(os.path.join(cfg.run_dir, "e2e.json"), "w") as f:
+    with open(os.path.join(cfg.run.run_dir, "e2e.json"), "w") as f:
         json.dump(report, f, indent=1)
     return report
 
@@ -268,7 +266,7 @@ def run_e2e(
 def _report(cfg: TrainConfig, summary: dict, steps: int, min_share: float) -> dict:
     from deltasync.store import Store
 
-    store = Store(cfg.bucket_uri())
+    store = Store(cfg.run.bucket_uri())
     manifest = Manifest.from_json(store.read_bytes(MANIFEST_PATH))
     beats = read_heartbeats(store)
     deltas = [v for v in manifest.versions if v.delta is not None]
@@ -308,7 +306,7 @@ def _report(cfg: TrainConfig, summary: dict, steps: int, min_share: float) -> di
         )
     report = {
         "steps_planned": steps,
-        "steps_ceiling": cfg.max_steps,
+        "steps_ceiling": cfg.grpo.max_steps,
         "steps": summary["steps"],
         "max_request_s": summary["max_request_s"],
         "versions": [v.version for v in manifest.versions],
@@ -369,7 +367,7 @@ def _fault_problems(report: dict, steps: int, min_share: float) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m trainer.local.e2e", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m trainer.e2e", description=__doc__)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--anchor-every", type=int, default=4)
     p.add_argument("--late-at", type=int, default=2)

@@ -9,29 +9,30 @@ import os
 import shutil
 
 from deltasync.store import Store
-from trainer.config import TINY, TrainConfig
+from trainer.config import TINY, RunSettings
+from trainer.task.warm_start import WarmStartConfig
 
 log = logging.getLogger("trainer")
 
 
-def initial_model(cfg: TrainConfig) -> tuple[str, float]:
+def initial_model(run: RunSettings, warm_start_config: WarmStartConfig) -> tuple[str, float]:
     """The model a new run starts from and the seconds spent building it: for ``tiny``, the
     warm-started local model (``trainer.task.warm_start``, cached under ``runs/cache``); for a
     hub id or a folder, the model with a tool-capable chat template
-    (``trainer.task.chat_format.with_tool_template``) and, when ``cfg.hub_warm_start_game_count`` asks for
-    games, its warm start on the teacher's games (``trainer.task.hub_warm_start``, cached).
+    (``trainer.task.chat_format.with_tool_template``) and, when ``run.hub_warm_start_game_count``
+    asks for games, its warm start on the teacher's games (``trainer.task.hub_warm_start``,
+    cached). ``warm_start_config``: the local model's warm start.
 
     Raises:
         trainer.task.chat_format.ChatTemplateError: the model's template has no tools and is not
             ChatML.
     """
-    model = cfg.model_id()
-    cache = cfg.cache_dir or os.path.join(cfg.runs_root, "cache")
+    model, cache = run.model_id(), run.cache
     if model != TINY:
         from trainer.task.chat_format import tool_template_folder, with_tool_template
 
         with_tools = with_tool_template(model, tool_template_folder(model, cache))
-        games = cfg.hub_warm_start_game_count(template_swapped=with_tools != model)
+        games = run.hub_warm_start_game_count(template_swapped=with_tools != model)
         if not games:
             return with_tools, 0.0
         from trainer.task.hub_warm_start import HubWarmStartConfig, hub_warm_start
@@ -40,18 +41,11 @@ def initial_model(cfg: TrainConfig) -> tuple[str, float]:
         # batches) that this process would keep as freed heap beside TRL's model.
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(1) as pool:
-            ws = HubWarmStartConfig(games=games, seed=cfg.seed)
+            ws = HubWarmStartConfig(games=games, seed=run.seed)
             return pool.apply(_logged, (hub_warm_start, cache, with_tools, ws))
-    from trainer.task.warm_start import WarmStartConfig, warm_start
+    from trainer.task.warm_start import warm_start
 
-    ws = WarmStartConfig(
-        games=cfg.warm_start_games,
-        epochs=cfg.warm_start_epochs,
-        seed=cfg.seed,
-        hidden_size=cfg.model_hidden_size,
-        layers=cfg.model_layers,
-    )
-    return warm_start(cache, ws)
+    return warm_start(cache, warm_start_config)
 
 
 def _logged(fn, *args):
@@ -62,7 +56,7 @@ def _logged(fn, *args):
     return fn(*args)
 
 
-def resume_point(cfg: TrainConfig, store: Store, model: str) -> str:
+def resume_point(run: RunSettings, store: Store, model: str) -> str:
     """The model folder TRL loads: ``model``, or for a full-weight run that already has versions,
     a copy whose weights are the bucket's newest version (restart; the optimizer state starts
     fresh). An adapter run's versions are adapters: TRL loads the base ``model`` unchanged and the
@@ -77,9 +71,9 @@ def resume_point(cfg: TrainConfig, store: Store, model: str) -> str:
     held = HeldWeights()
     sub.sync(held)
     sub.close()
-    resume = os.path.abspath(os.path.join(cfg.run_dir, "resume"))
+    resume = os.path.abspath(os.path.join(run.run_dir, "resume"))
     _write_checkpoint(model, held, resume)
-    log.info("resuming run %s from bucket version %d (%s)", cfg.run_id, held.version, resume)
+    log.info("resuming run %s from bucket version %d (%s)", run.run_id, held.version, resume)
     return resume
 
 
