@@ -30,27 +30,51 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deltasync.publisher_config import PublisherConfig
+from trainer.settings import (
+    ADAPTERS,
+    DEFAULT_HUB_MODEL,
+    HUB_WARM_START_GAMES,
+    TINY,
+    AdapterConfigError,
+    AdapterSettings,
+    EvalConfigError,
+    EvalSettings,
+    FleetSettings,
+    GRPOConfigError,
+    GRPOSettings,
+    LocalSettings,
+    RunSettings,
+    Secrets,
+)
 from trainer.task.warm_start import WarmStartConfig
-from trainer.task.wordle_task import EVAL_SEED_COUNT, space_headers
 
-DEFAULT_HUB_MODEL = "Qwen/Qwen3-0.6B"
-TINY = "tiny"
-ADAPTERS = ("lora",)  # the adapter kinds a run can train (``AdapterSettings.kind``)
-# Modules vLLM cannot serve a LoRA on (TRL's ``validate_lora_for_vllm_sync`` refuses them too).
-_NOT_LORA_TARGETS = ("lm_head", "embed_tokens")
-_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the replica's ADAPTER_NAME rule
-_VERSIONED = re.compile(r".*-v[0-9]+")
-# Teacher games of the warm start of a hub model that has never been shown a tool
-# (``RunSettings.hub_warm_start_games``): about 6 minutes of SFT for SmolLM2-135M on 2 cores,
-# after which 32 of 32 sampled first calls parsed and 27 were valid words
-# (``trainer.task.hub_warm_start.HubWarmStartConfig``).
-HUB_WARM_START_GAMES = 96
+__all__ = [  # the sections and their errors, re-exported for callers of the whole config
+    "ADAPTERS",
+    "DEFAULT_HUB_MODEL",
+    "FLAGS",
+    "HUB_CPU_DEFAULTS",
+    "HUB_WARM_START_GAMES",
+    "TINY",
+    "AdapterConfigError",
+    "AdapterSettings",
+    "EvalConfigError",
+    "EvalSettings",
+    "FleetSettings",
+    "GRPOConfigError",
+    "GRPOSettings",
+    "LocalSettings",
+    "RunSettings",
+    "Secrets",
+    "TrainConfig",
+    "from_args",
+    "hub_cpu_defaults",
+]
+
 # A hub model (or model folder) trained without CUDA: settings that fit a 2-core machine, used for
 # every one of these flags not given on the command line or in the environment (``from_args``). A
 # 135 M-parameter model trains ~100 tokens a second there and its episodes are ~1,300 tokens; the
@@ -62,314 +86,6 @@ HUB_CPU_DEFAULTS = {
     "eval_episodes": 64,
     "eval_curve_episodes": 16,
 }
-
-
-class EvalConfigError(ValueError):
-    """An evaluation setting (``eval_episodes``, ``eval_curve_episodes``) asks for more games than
-    there are held-out seeds; the message says the limit and how to fix it."""
-
-
-class GRPOConfigError(ValueError):
-    """A GRPO setting (``scale_rewards``) has a value the run cannot use; the message says the
-    accepted values."""
-
-
-class AdapterConfigError(ValueError):
-    """An adapter setting (``adapter``, ``lora_*``, ``adapter_name``) has a value the run cannot
-    use; the message says what was expected, what was found and how to fix it."""
-
-
-@dataclass
-class RunSettings:
-    """The run, its bucket and the model it starts from.
-
-    Attributes:
-        bucket: run URI (``user/run`` means ``hf://buckets/user/run``; or hf://, s3://, file://, a
-            folder). None: ``runs/<run_id>/bucket`` (the local default).
-        run_id: the run's name (bucket manifest, local folders).
-        model: hub id or local folder; ``tiny`` creates a ~2.7 M-parameter Qwen3 locally. Default:
-            ``tiny`` for the local run, ``Qwen/Qwen3-0.6B`` with a bucket.
-        hub_warm_start_games: teacher games a hub model (or model folder) is fine-tuned on before
-            GRPO (``trainer.task.hub_warm_start``; cut to their first 3 calls; 0: none). None:
-            ``HUB_WARM_START_GAMES`` when the model's chat template has no tools (it has never
-            been shown one: SmolLM2-135M-Instruct wrote 0 parsable calls in 512 games), else 0
-            (Qwen3 keeps its own tool calling).
-        runs_root: folder of local run folders (``<runs_root>/<run_id>``: model, bucket, logs).
-        cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
-        output_dir: TRL's output folder (None: ``<run_dir>/trainer``).
-        seed: seed of the model init, the warm start, the data order and the games.
-    """
-
-    bucket: str | None = None
-    run_id: str = "wordle-local"
-    model: str | None = None
-    hub_warm_start_games: int | None = None
-    runs_root: str = "runs"
-    cache_dir: str | None = None
-    output_dir: str | None = None
-    seed: int = 0
-
-    @property
-    def local(self) -> bool:
-        """Whether this is the embedded default (nothing remote)."""
-        return self.bucket is None
-
-    @property
-    def run_dir(self) -> str:
-        return os.path.join(self.runs_root, self.run_id)
-
-    @property
-    def cache(self) -> str:
-        """The warm-start cache folder (``cache_dir``, else ``<runs_root>/cache``)."""
-        return self.cache_dir or os.path.join(self.runs_root, "cache")
-
-    def bucket_uri(self) -> str:
-        """The bucket URI (``user/run`` shorthand expanded by ``deltasync.store.resolve_uri``)."""
-        from deltasync.store import resolve_uri
-
-        if self.bucket is None:
-            return os.path.abspath(os.path.join(self.run_dir, "bucket"))
-        return resolve_uri(self.bucket)
-
-    def model_id(self) -> str:
-        return self.model or (TINY if self.local else DEFAULT_HUB_MODEL)
-
-    def hub_warm_start_game_count(self, template_swapped: bool) -> int:
-        """Teacher games of a hub model's warm start (see ``hub_warm_start_games``);
-        ``template_swapped``: the model's own template had no tools."""
-        if self.hub_warm_start_games is not None:
-            return self.hub_warm_start_games
-        return HUB_WARM_START_GAMES if template_swapped else 0
-
-
-@dataclass
-class Secrets:
-    """Tokens, from the environment only (a command line is visible to every local user); never
-    logged (``repr=False``) and never written to the bucket.
-
-    Attributes:
-        hf_token: for hf:// buckets and private Spaces; from ``HF_TOKEN``.
-        rollout_api_key: the replica's ``ROLLOUT_API_KEY`` (replicas outside Spaces); from
-            ``ROLLOUT_API_KEY``.
-    """
-
-    hf_token: str | None = field(default=None, repr=False)
-    rollout_api_key: str | None = field(default=None, repr=False)
-
-    def rollout_headers(self, url: str) -> dict[str, str]:
-        """Headers for requests to the replica at ``url``: ``Bearer <rollout_api_key>`` when one
-        is configured, else ``Bearer <hf_token>`` for a ``*.hf.space`` URL (a private Space),
-        else none. The HF token is never sent to other hosts."""
-        if self.rollout_api_key:
-            return {"Authorization": f"Bearer {self.rollout_api_key}"}
-        return space_headers(url, self.hf_token)
-
-    def store_options(self, uri: str) -> dict:
-        """Keyword arguments of ``deltasync.store.Store`` for ``uri``: the HF token for hf://."""
-        return {"token": self.hf_token} if uri.startswith("hf://") and self.hf_token else {}
-
-
-@dataclass
-class FleetSettings:
-    """The rollout replicas and the Wordle environment they play (``trainer.fleet``).
-
-    Attributes:
-        vllm_url: comma-separated replica base URLs (their ``/v1`` OpenAI API), and/or ``auto``
-            (every replica that announces its URL in a fresh bucket heartbeat joins). None:
-            ``auto`` with a bucket; for the local default, one replica started here (and others
-            that follow the local bucket join).
-        env_url: the Wordle environment server's URL. None: start one locally.
-        wait_s: how long rollouts wait while no replica serves before they fail, seconds.
-        health_interval_s: seconds between the fleet's health checks of each replica (HTTP
-            ``/health``; no Hub call).
-        discover_interval_s: seconds between reads of the replicas' heartbeats in a remote bucket
-            (one listing, an API call, and one read per replica each time; replicas write theirs
-            60 s apart there). On a local bucket: every health check.
-    """
-
-    vllm_url: str | None = None
-    env_url: str | None = None
-    wait_s: float = 900.0
-    health_interval_s: float = 5.0
-    discover_interval_s: float = 60.0
-
-
-@dataclass
-class GRPOSettings:
-    """TRL's AsyncGRPOTrainer and the update (``trainer.loop.grpo``).
-
-    Attributes:
-        max_steps: optimizer steps (55 for the local default: with the warm start, the whole
-            run fits 15 minutes on 2 cores at 6-8 s a step and gains about +0.02 on held-out
-            games; docs/BENCHMARKS.md section 6).
-        learning_rate: AdamW learning rate. None (resolved by :class:`TrainConfig`): 2e-4 for the
-            ~2.7 M-parameter local model (at 1e-5 its bf16 weights barely move: an update smaller
-            than half a bf16 ulp is lost in the rounding), 1e-6 for hub models (RL-typical),
-            1e-5 for a LoRA adapter on a hub model (an adapter starts at zero).
-        num_generations: completions per GRPO group (they all play the same word).
-        scale_rewards: how a group's rewards become advantages, as TRL's ``GRPOConfig`` names it:
-            ``none`` (the default): ``r - mean`` (``trainer.loop.advantages``); ``group``:
-            ``(r - mean) / std`` over the group, what TRL's async worker does (docs/BENCHMARKS.md
-            section 6 compares them).
-        tie_answer_rows: GRPO changes the local model's answer rows only along their spelling
-            (``trainer.loop.spelling_tie``), so what it learns on training words reaches held-out
-            words. None (resolved by :class:`TrainConfig`): on for the local model trained in
-            full, off otherwise (a hub tokenizer does not hold the answers as single tokens).
-        per_device_train_batch_size: episodes generated concurrently and queued for the trainer
-            (TRL's ``samples_per_step``). How many a step trains on is set by ``token_budget``.
-        max_completion_length: tokens per assistant turn (TRL applies it to each turn): a
-            ``guess`` call is 10 tokens with the local tokenizer and about 25 with Qwen3's.
-        max_tool_calling_iterations: tool calls per game, at most (6 guesses + 1 invalid move).
-        max_staleness: drop rollouts generated by a policy more than this many versions behind
-            (versions as really served, ``trainer.loop.rollout_tagging``); 4, TRL's default. The
-            same bound drains a replica from the fleet while it is more than this many versions
-            behind the newest publish.
-        max_inflight_tasks: episodes generated concurrently. None: ``per_device_train_batch_size``.
-        queue_maxsize: scored samples buffered for the trainer. None:
-            ``per_device_train_batch_size``, so the next step's games are generated while the
-            trainer runs this one.
-        token_budget: tokens per training row (TRL's token-budget batching), which sets the games
-            per optimizer step (24,576 holds about 70 local-model episodes). Set explicitly so
-            TRL does not query the replica's ``/v1/models`` before it has its first version.
-        weight_sync_steps: optimizer steps between publishes.
-        bf16: train with bf16 autocast (GPU); the CPU default trains in fp32 and publishes bf16.
-    """
-
-    max_steps: int = 55
-    learning_rate: float | None = None
-    num_generations: int = 8
-    scale_rewards: str = "none"
-    tie_answer_rows: bool | None = None
-    per_device_train_batch_size: int = 64
-    max_completion_length: int = 32
-    max_tool_calling_iterations: int = 7
-    max_staleness: int = 4
-    max_inflight_tasks: int | None = None
-    queue_maxsize: int | None = None
-    token_budget: int = 24576
-    weight_sync_steps: int = 1
-    bf16: bool = False
-
-    def __post_init__(self) -> None:
-        if self.scale_rewards not in ("group", "none"):
-            raise GRPOConfigError(
-                f"scale_rewards={self.scale_rewards!r}: expected 'group' (TRL's (r - mean) / std) or "
-                "'none' (r - mean); set --scale-rewards to one of them"
-            )
-
-
-@dataclass
-class EvalSettings:
-    """The held-out evaluations through the replica (``trainer.loop.learning_curve``).
-
-    Attributes:
-        episodes: held-out games played before the first GRPO step and after the last, compared
-            game by game (0: none; at most the 512 held-out seeds). 512: the paired difference's
-            standard error is about 0.010, so a gain of +0.02 shows at 2 SE; ~35 s on 2 cores.
-        every: optimizer steps between learning-curve evaluations (0: none).
-        curve_episodes: held-out games of each learning-curve evaluation (the first ones).
-        temperature: sampling temperature, the policy's own (1.0). Greedy (0) is misleading for a
-            small model: the single likeliest token can be a non-word.
-
-    Raises (on construction):
-        EvalConfigError: ``episodes`` or ``curve_episodes`` above ``EVAL_SEED_COUNT`` (a larger
-            evaluation would play words trained on).
-    """
-
-    episodes: int = 512
-    every: int = 10
-    curve_episodes: int = 64
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        for flag, value in (
-            ("eval_episodes", self.episodes),
-            ("eval_curve_episodes", self.curve_episodes),
-        ):
-            if value > EVAL_SEED_COUNT:
-                raise EvalConfigError(
-                    f"{flag}={value}: there are {EVAL_SEED_COUNT} held-out evaluation seeds (their "
-                    f"words are kept out of training); set {flag} to {EVAL_SEED_COUNT} or less"
-                )
-
-
-@dataclass
-class AdapterSettings:
-    """Full weights or a LoRA adapter (``trainer.loop.trained_weights`` is the one object the run
-    asks).
-
-    Attributes:
-        kind: None: train and publish every weight (the default). ``lora``: train a LoRA adapter
-            on the frozen model (PEFT, through TRL's ``peft_config``) and publish only the
-            adapter's tensors. From ``ADAPTER``.
-        rank: the adapter's rank ``r`` (1..512; the local replica's ``MAX_LORA_RANK`` is this
-            rounded up to a rank vLLM builds buffers for, TRL's ``round_lora_rank``).
-        alpha: LoRA scaling numerator: the update is ``alpha / rank * B @ A``.
-        target_modules: comma-separated module names the adapter wraps (not ``lm_head`` or
-            ``embed_tokens``: vLLM serves no LoRA there).
-        name: the stable model name rollouts and evaluations request; each replica maps it to
-            the newest adapter version it loaded (``{name}-v{N}``).
-
-    Raises (on construction, adapter or not, so a bad flag fails before anything starts):
-        AdapterConfigError: ``kind`` is not None or ``lora``; ``rank`` is not 1..512; ``alpha``
-            is not positive; ``target_modules`` is empty or names ``lm_head``/``embed_tokens``
-            or something that is not a module name; ``name`` is not a plain name or ends like a
-            versioned name (``-v3``).
-    """
-
-    kind: str | None = None
-    rank: int = 8
-    alpha: int = 16
-    target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-    name: str = "policy"
-
-    def modules(self) -> list[str]:
-        """``target_modules`` as a list of module names."""
-        return [m.strip() for m in self.target_modules.split(",") if m.strip()]
-
-    def __post_init__(self) -> None:
-        if self.kind is not None and self.kind not in ADAPTERS:
-            raise AdapterConfigError(
-                f"ADAPTER: expected one of {', '.join(ADAPTERS)} (or unset for full weights), "
-                f"found {self.kind!r}; set ADAPTER=lora or unset it"
-            )
-        if not 1 <= self.rank <= 512:  # 512: the largest rank vLLM serves (TRL's VLLM_LORA_RANKS)
-            raise AdapterConfigError(
-                f"--lora-rank: expected 1..512 (the ranks vLLM can serve), found {self.rank}; "
-                "pick a rank in that range (8 or 16 are typical)"
-            )
-        if self.alpha <= 0:
-            raise AdapterConfigError(
-                f"--lora-alpha: expected a positive number, found {self.alpha}; "
-                "use e.g. twice the rank (16 for rank 8)"
-            )
-        targets = self.modules()
-        bad = [m for m in targets if m in _NOT_LORA_TARGETS or not m.isidentifier()]
-        if not targets or bad:
-            raise AdapterConfigError(
-                "--lora-target-modules: expected comma-separated linear-layer names such as "
-                f"q_proj,v_proj (not {' or '.join(_NOT_LORA_TARGETS)}: vLLM serves no LoRA "
-                f"there), found {self.target_modules!r}; remove {bad or 'the blanks'}"
-            )
-        if not _ADAPTER_NAME.fullmatch(self.name) or _VERSIONED.fullmatch(self.name):
-            raise AdapterConfigError(
-                "--adapter-name: expected 1-64 letters, digits, '.', '_' or '-' (the first a "
-                "letter or digit) not ending in -v<N> (replicas serve versions as NAME-v<N>), "
-                f"found {self.name!r}; use e.g. 'policy'"
-            )
-
-
-@dataclass
-class LocalSettings:
-    """What the local run starts on this machine besides the replica and the Wordle server.
-
-    Attributes:
-        dashboard: start the Gradio dashboard for the local run (port ``dashboard_port``).
-        dashboard_port: its port on 127.0.0.1.
-    """
-
-    dashboard: bool = True
-    dashboard_port: int = 7861
 
 
 @dataclass

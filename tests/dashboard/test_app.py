@@ -21,15 +21,18 @@ pytestmark = pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning")
 gr = pytest.importorskip("gradio", reason="the dashboard extra (gradio) is not installed")
 gradio_client = pytest.importorskip("gradio_client", reason="gradio_client (dev extra) missing")
 
-from dashboard.frames import CURVE_SERIES, TRAIN_CONSISTENT  # noqa: E402
+from dashboard.frames import COLUMNS, CURVE_SERIES, TRAIN_CONSISTENT  # noqa: E402
 from dashboard.ui import (  # noqa: E402
     ADAPTER_LABELS,
     FIXED_COLORS,
     PLOTS,
+    STATUS_HEADERS,
     DashboardConfig,
     build_app,
     plot_labels,
     plot_update,
+    status_headers,
+    status_table,
 )
 
 
@@ -61,7 +64,9 @@ def test_api_matches_the_data_layer(recorded_bucket):
 
         summary, table, *plots = client.predict(api_name="/refresh")
         assert f"trainer version **{expected.trainer_version}**" in summary
-        assert table["headers"][:3] == ["replica", "health", "status"]
+        # the page's headers are words (the API above keeps the frame's column names)
+        assert table["headers"] == list(STATUS_HEADERS.values())
+        assert table["headers"][:4] == ["Replica", "Health", "Status", "Held version"]
         assert [r[0] for r in table["data"]] == want.replica.tolist()
         names = ["versions", "lag", "lag", "payloads", "density", "syncs", "sync_phases"]
         names += ["reward", "curve", "lag", "training", "staleness"]
@@ -116,8 +121,14 @@ def test_adapter_run_is_named_on_the_page_and_in_the_api(adapter_bucket, tmp_pat
         assert f"LoRA adapter r=4, alpha 8 (base {digest[:8]})" in summary
         assert table["__type__"] == "update" and "adapter version" in table["label"]
         headers = table["value"]["headers"]
-        assert {"held_adapter_version", "trainer_adapter_version"} <= set(headers)
-        assert "held_version" not in headers
+        assert headers == list(status_headers(adapter=True).values())
+        adapter_headers = {
+            "Held adapter version",
+            "Trainer adapter version",
+            "Lag (adapter versions)",
+        }
+        assert adapter_headers <= set(headers)
+        assert "Held version" not in headers and "held_version" not in headers
         for spec, plot in zip(PLOTS, plots, strict=True):
             if spec.elem_id in ADAPTER_LABELS:  # relabelled: versions and bytes are the adapter's
                 labels = plot_labels(spec, adapter=True)
@@ -126,7 +137,7 @@ def test_adapter_run_is_named_on_the_page_and_in_the_api(adapter_bucket, tmp_pat
                 assert "title" not in plot, spec.elem_id
         payload = plots[[s.elem_id for s in PLOTS].index("plot-payload")]
         assert payload["x_title"] == "adapter version"
-        assert payload["title"].startswith("Adapter bytes per adapter version")
+        assert payload["title"].startswith("Adapter bytes per version")
         assert len(payload["value"]["data"]) == len(expected.frame("payloads"))
     finally:
         demo.close()
@@ -211,3 +222,35 @@ def test_color_map_rebuilds_plots_exactly_when_categories_change():
     sent += [gen(["anchor", "delta", "delta"]), gen(["anchor", "delta", "delta", "delta"])]
     # a new category rebuilds at once and once more on the next refresh, then never again
     assert sent == ["1", "2", "2", "3", "4", "4"]
+
+
+def test_status_headers_are_words_with_units():
+    for adapter in (False, True):
+        headers = status_headers(adapter)
+        assert list(headers) == COLUMNS["status"]  # one header for each column, in its order
+        shown = list(headers.values())
+        assert len(set(shown)) == len(shown)
+        for h in shown:  # words a person reads: no field names, no word longer than a column
+            assert "_" not in h and h[0].isupper() and max(map(len, h.split())) <= 10, h
+    assert STATUS_HEADERS["lag_s"] == "Lag (s)" and STATUS_HEADERS["heartbeat_age_s"].endswith(
+        "(s)"
+    )
+    assert status_headers(adapter=True)["held_version"] == "Held adapter version"
+
+
+def test_status_table_shows_headers_whole_numbers_and_flags(recorded_bucket):
+    import pandas as pd
+
+    view = BucketReader(recorded_bucket[0]).read()
+    df = view.frame("status").copy()
+    df.loc[0, "health"] = "STALLED"
+    df.loc[0, ["served", "served_per_s"]] = [12.0, 0.25]
+    styled = status_table(df, adapter=False)
+    assert list(styled.data.columns) == list(STATUS_HEADERS.values())
+    assert "background-color: #fde2e1" in styled.to_html()  # the flagged row
+    header, first, _ = styled.to_string(delimiter="|").splitlines()
+    row = dict(zip(header.split("|")[1:], first.split("|")[1:], strict=True))
+    assert row["Held version"] == str(view.trainer_version) and row["Served"] == "12"
+    assert row["Served per s"] == "0.2" and row["Lag (s)"] == "0.0"  # to 0.1
+    empty = status_table(view.frame("status").iloc[:0], adapter=True)
+    assert isinstance(empty, pd.DataFrame) and "Held adapter version" in empty.columns

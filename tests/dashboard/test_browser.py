@@ -2,16 +2,21 @@
 background publisher thread (real DeltaPublisher + DeltaSubscriber replicas) starts writing to
 after the page opened. Headless Chromium (Debian's ``chromium`` package, driven through its own
 DevTools protocol; nothing is downloaded) must show the "waiting" state first, then every plot and
-the status table, and the same page must update on its ``gr.Timer`` as new versions land. Saves
-``test-artifacts/dashboard.png`` and also drives the live server's API with ``gradio_client``.
+the status table, and the same page must update on its ``gr.Timer`` as new versions land. As
+rendered, the status table's headers must be the words of ``STATUS_HEADERS`` ("Held version",
+"Lag (s)"), no word of a header broken over two lines or sticking out of its cell, and every plot's
+title and axis titles drawn whole (as ``plot_labels`` gives them) inside the plot, an axis title no
+longer than its axis. Saves ``test-artifacts/dashboard.png`` and also drives the live server's API
+with ``gradio_client``.
 
 Then one dashboard on a run root prepared with one fault after another (a file instead of a
 folder, a manifest that does not parse, a heartbeat that does not parse): each page load must name
-the fault ("the run root is not a folder", "invalid manifest", "the heartbeat of replica broken
-does not parse") and show no filesystem path; the same root then holds an adapter run, whose page
-must name the adapter ("LoRA adapter r=4, alpha 8", "trainer adapter version", plots titled for
-adapter versions and bytes) without its base model's local folder. One Chromium serves the whole
-module."""
+the fault ("the run root is not a folder", "the manifest does not parse" as an ERROR, not
+WAITING, "the heartbeat of replica broken does not parse") and show no filesystem path or file
+name; the same root then holds an adapter run, whose page must name the adapter ("LoRA adapter
+r=4, alpha 8", "trainer adapter version", plots titled for adapter versions and bytes, the table's
+"Held adapter version"), its titles and headers whole as above, without its base model's local
+folder. One Chromium serves the whole module."""
 
 from __future__ import annotations
 
@@ -33,6 +38,10 @@ import pytest
 
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.store import Store
+
+pytest.importorskip("gradio", reason="the dashboard extra (gradio) is not installed")
+
+from dashboard import ui  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -86,6 +95,50 @@ PROBE = """(() => {
 TITLES = """Object.fromEntries([...document.querySelectorAll('[id^="plot-"]')].map(el => [el.id,
   [...el.querySelectorAll('g.role-title text, g.role-axis-title text')].map(t => t.textContent)
     .join(' | ')]))"""
+# Each status table header as drawn: its text, the words broken over two lines, the words that
+# stick out of the header cell, and the lines it takes.
+HEADERS = """[...document.querySelectorAll('#status-table th')].map(th => {
+  const span = th.querySelector('span.header'), cell = th.getBoundingClientRect();
+  const broken = [], outside = [];
+  const walker = document.createTreeWalker(span, NodeFilter.SHOW_TEXT);
+  for (let node; (node = walker.nextNode());) {
+    for (const m of node.data.matchAll(/\\S+/g)) {
+      const range = document.createRange();
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const rects = [...range.getClientRects()];
+      if (new Set(rects.map(r => Math.round(r.top))).size > 1) broken.push(m[0]);
+      const out = r => r.left < cell.left - 0.5 || r.right > cell.right + 0.5;
+      if (rects.some(out)) outside.push(m[0]);
+    }
+  }
+  const lines = span.getBoundingClientRect().height / parseFloat(getComputedStyle(span).lineHeight);
+  return {text: span.textContent.trim(), broken, outside, lines: Math.round(lines)};
+})"""
+# Each plot's title and axis titles as drawn: {elem_id: [{text, in_svg, in_box, fits_axis, rects}]}.
+# Along its length (a rotated y axis title: top to bottom) a text lies inside the plot's svg and
+# its block (a title cut at its ends fails), and across it its middle lies inside the block (its
+# box, the font's line box, may pass the svg's edge by a few pixels with no ink there); an axis
+# title is no longer than its axis (the plot frame's width, or its height for the y axis).
+TITLE_FIT = """Object.fromEntries([...document.querySelectorAll('[id^="plot-"]')].map(el => {
+  const box = el.getBoundingClientRect(), svg = el.querySelector('svg').getBoundingClientRect();
+  const frame = el.querySelector('g.role-frame path.background').getBoundingClientRect();
+  const at = b => [b.left, b.top, b.right, b.bottom].map(Math.round);
+  return [el.id, [...el.querySelectorAll('g.role-title text, g.role-axis-title text')].map(t => {
+    const r = t.getBoundingClientRect(), vertical = r.height > r.width;
+    const [lo, hi, mid] = vertical ? [r.top, r.bottom, (r.left + r.right) / 2]
+                                   : [r.left, r.right, (r.top + r.bottom) / 2];
+    const along = b => vertical ? lo >= b.top - 1 && hi <= b.bottom + 1
+                                : lo >= b.left - 1 && hi <= b.right + 1;
+    const across = b => vertical ? mid >= b.left && mid <= b.right
+                                 : mid >= b.top && mid <= b.bottom;
+    const axis = t.closest('g.role-axis-title') !== null;
+    const length = vertical ? frame.height : frame.width;
+    return {text: t.textContent, in_svg: along(svg), in_box: along(box) && across(box),
+            fits_axis: !axis || hi - lo <= length + 2,
+            rects: {text: at(r), svg: at(svg), box: at(box), frame: at(frame)}};
+  })];
+}))"""
 
 if CHROMIUM is None:
     pytest.skip(
@@ -214,6 +267,36 @@ def page(tmp_path_factory) -> Iterator[Cdp]:
         yield cdp
 
 
+def _assert_headers_read_whole(page: Cdp, adapter: bool) -> None:
+    """The status table's headers are drawn as ``status_headers`` words, no word of them broken
+    over two lines or sticking out of its cell."""
+    want = list(ui.status_headers(adapter).values())
+    last = []
+
+    def drawn_whole():  # the table may still be taking its new columns' widths
+        last[:] = page.evaluate(HEADERS)
+        return [h["text"] for h in last] == want and not any(h["broken"] for h in last)
+
+    _wait(drawn_whole, 10, "the status table's headers, whole", lambda: last)
+    for h in last:
+        assert not h["broken"] and not h["outside"], h
+        assert 1 <= h["lines"] <= len(h["text"].split()), h  # a line holds one word or more
+
+
+def _assert_titles_fit(page: Cdp, adapter: bool) -> None:
+    """Every plot's title and axis titles are drawn whole (the labels of ``plot_labels``, not
+    cut short) inside the plot's svg and block, each axis title no longer than its axis."""
+    drawn = page.evaluate(TITLE_FIT)
+    assert set(drawn) == {spec.elem_id for spec in ui.PLOTS}
+    for spec in ui.PLOTS:
+        texts = drawn[spec.elem_id]
+        assert sorted(t["text"] for t in texts) == sorted(ui.plot_labels(spec, adapter).values())
+        for t in texts:
+            assert t["in_svg"] and t["in_box"] and t["fits_axis"], (
+                f"{spec.elem_id}: {json.dumps(t)}"
+            )
+
+
 def _trainer_version(summary: str) -> int | None:
     m = re.search(r"trainer version (\d+)", summary)
     return int(m.group(1)) if m else None
@@ -311,6 +394,9 @@ def test_dashboard_renders_and_updates_in_chromium(tmp_path, run_recorder, page)
             f"every plot to show version {newest}",
             lambda: last,
         )
+        # the page reads whole: headers in words, no word broken, every title inside its plot
+        _assert_headers_read_whole(page, adapter=False)
+        _assert_titles_fit(page, adapter=False)
         shot = page.call("Page.captureScreenshot", format="png")
         ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
         ARTIFACT.write_bytes(b64decode(shot["data"]))
@@ -351,11 +437,14 @@ def test_public_page_names_each_fault(tmp_path, recorded_bucket, adapter_bucket,
     with dashboard(str(root), tmp_path) as url:
         assert "ERROR" in shows(url, "the run root is not a folder")
 
-        root.unlink()  # now a folder, its manifest damaged: not "waiting for the first version"
+        root.unlink()  # now a folder, its manifest damaged: an error, as waiting will not mend it
         root.mkdir()
         (root / MANIFEST_PATH).write_bytes(b'{"schema": "deltasync.manifest/1", "run_')
-        text = shows(url, "invalid manifest")
-        assert "WAITING" in text and "waiting for the first version" not in text
+        text = shows(url, "the manifest does not parse")
+        summary = page.evaluate("document.querySelector('#summary')?.innerText ?? ''")
+        assert summary.startswith("ERROR: the manifest does not parse"), summary
+        assert "WAITING" not in text and "waiting for the first version" not in text
+        assert MANIFEST_PATH not in text  # the kind of problem, not the file (nor its folder)
 
         shutil.rmtree(root)  # a good run, one of whose heartbeats does not parse
         shutil.copytree(recorded_bucket[0], root)
@@ -371,10 +460,13 @@ def test_public_page_names_each_fault(tmp_path, recorded_bucket, adapter_bucket,
 
         def relabelled():
             last.update(page.evaluate(TITLES) or {})
-            return "Adapter bytes per adapter version" in last.get("plot-payload", "") and last
+            return "Adapter bytes per version" in last.get("plot-payload", "") and last
 
         titles = _wait(relabelled, 30, "the plots' adapter titles", lambda: last)
         assert "adapter version" in titles["plot-payload"]  # the x axis
-        assert "Held adapter version vs trainer adapter version" in titles["plot-versions"]
+        assert "Held vs trainer adapter version" in titles["plot-versions"]
         assert "Reward per step" in titles["plot-reward"]  # not about versions: as for weights
-        assert "held_adapter_version" in page.evaluate("document.body.innerText")
+        text = page.evaluate("document.body.innerText")
+        assert "Held adapter version" in text and "held_adapter_version" not in text
+        _assert_headers_read_whole(page, adapter=True)
+        _assert_titles_fit(page, adapter=True)

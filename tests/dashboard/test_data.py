@@ -43,31 +43,31 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
     uri, _ = recorded_bucket
     manifest, heartbeats, metrics = _recorded(uri)
     now = max(hb.updated_at for hb in heartbeats.values()) + 1.0
-    snap = BucketReader(uri).read(now=now)
+    view = BucketReader(uri).read(now=now)
 
-    assert snap.state == "ok", snap.message
-    assert snap.run_id == manifest.run_id
-    assert snap.trainer_version == manifest.latest.version
-    assert snap.warnings == []
+    assert view.state == "ok", view.message
+    assert view.run_id == manifest.run_id
+    assert view.trainer_version == manifest.latest.version
+    assert view.warnings == []
     for name, cols in COLUMNS.items():
-        assert list(snap.frame(name).columns) == cols, name
+        assert list(view.frame(name).columns) == cols, name
 
     # payload MB per version, anchors marked
-    payloads = snap.frame("payloads")
+    payloads = view.frame("payloads")
     want = {(v.version, "delta", v.delta.bytes) for v in manifest.versions if v.delta}
     want |= {(v.version, "anchor", v.anchor.bytes) for v in manifest.versions if v.anchor}
     assert set(zip(payloads.version, payloads.kind, payloads.bytes, strict=True)) == want
     assert payloads.mb.tolist() == pytest.approx((payloads.bytes / BYTES_PER_MB).tolist())
     anchors = [v.version for v in manifest.versions if v.anchor]
     assert len(anchors) >= 2  # the fixture anchors every 3 versions
-    density = snap.frame("density").set_index("version")
+    density = view.frame("density").set_index("version")
     for v in manifest.versions:
         assert density.loc[v.version, "density"] == pytest.approx(v.density)
         assert density.loc[v.version, "changed"] == v.changed
         assert (density.loc[v.version, "marker"] != "delta") == (v.anchor is not None)
 
     # held version vs trainer version over time
-    versions = snap.frame("versions")
+    versions = view.frame("versions")
     trainer = versions[versions.series == "trainer"]
     assert trainer.version.tolist() == [v.version for v in manifest.versions] + [
         manifest.latest.version
@@ -83,7 +83,7 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
         assert sorted(points) == pytest.approx(sorted(want_points))
 
     # one row per sync record, with its timings; lag_s there is publish -> apply
-    syncs = snap.frame("syncs")
+    syncs = view.frame("syncs")
     records = [(rid, r) for rid, hb in heartbeats.items() for r in hb.recent]
     assert len(syncs) == len(records)
     by_key = {(row.replica, row.version): row for row in syncs.itertuples()}
@@ -95,12 +95,12 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
         assert row.apply_s == pytest.approx(r.apply_s)
         assert row.lag_s == pytest.approx(r.lag_s)
     assert {"chain"} <= set(syncs.kind)  # r1 syncs every 2nd version: two deltas per pause
-    phases = snap.frame("sync_phases")
+    phases = view.frame("sync_phases")
     assert len(phases) == 4 * len(records)
     assert set(phases.phase) == {"fetch", "decode", "apply", "paused"}
 
     # lag over time: the status.py definition evaluated just before and at each apply
-    lag = snap.frame("lag")
+    lag = view.frame("lag")
     created = [v.created_at for v in manifest.versions]
     for rid, hb in heartbeats.items():
         rows = lag[(lag.replica == rid) & (lag.source == "sync")]
@@ -115,13 +115,13 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
     assert r1.lag_versions.max() >= 1  # r1 falls behind between its syncs
 
     # reward and staleness over steps
-    training = snap.frame("training")
+    training = view.frame("training")
     assert training.step.tolist() == [s.step for s in metrics.steps]
     assert training.reward.tolist() == pytest.approx([s.reward for s in metrics.steps])
     for s, mean in zip(metrics.steps, training.staleness_mean, strict=True):
         n = sum(s.staleness.values())
         assert mean == pytest.approx(sum(int(k) * c for k, c in s.staleness.items()) / n)
-    staleness = snap.frame("staleness")
+    staleness = view.frame("staleness")
     assert int(staleness["count"].sum()) == sum(sum(s.staleness.values()) for s in metrics.steps)
     assert training.consistent_rate.tolist() == pytest.approx(
         [s.consistent_rate for s in metrics.steps]
@@ -130,7 +130,7 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
 
     # the learning curve: per evaluation its reward, win rate and consistent share at its step,
     # then the training games' consistent share per step
-    curve = snap.frame("curve")
+    curve = view.frame("curve")
     assert [e.label for e in metrics.evals] == ["before", "step-4"]
     for series, field in CURVE_SERIES.items():
         mine = curve[curve.series == series]
@@ -141,11 +141,11 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
     assert train.step.tolist() == training.step.tolist()
     assert train.value.tolist() == pytest.approx(training.consistent_rate.tolist())
     assert set(train.label) == {"training"}
-    evals = snap.frame("evals")
+    evals = view.frame("evals")
     assert evals.stopped_early_rate.tolist() == [e.stopped_early_rate for e in metrics.evals]
 
     # status table
-    status = snap.frame("status").set_index("replica")
+    status = view.frame("status").set_index("replica")
     assert set(status.index) == set(heartbeats)
     for rid, hb in heartbeats.items():
         row = status.loc[rid]
@@ -153,7 +153,7 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
         assert row.lag_versions == manifest.latest.version - hb.held_version
         assert row.heartbeat_age_s == pytest.approx(now - hb.updated_at, abs=0.1)
         assert row.health == "ok"
-    assert "trainer version" in snap.markdown()
+    assert "trainer version" in view.markdown()
 
 
 def test_unchanged_bucket_is_not_read_again(recorded_bucket):
@@ -181,16 +181,16 @@ def test_memory_store_rereads_only_what_changed():
     for rid in ("a", "b"):
         write_heartbeat(store, ReplicaHeartbeat.empty(rid))
     reader = BucketReader(uri)
-    snap = reader.read()
-    assert snap.state == "waiting" and snap.stats.files_read == 2
+    view = reader.read()
+    assert view.state == "waiting" and view.stats.files_read == 2
     assert reader.read().stats.files_read == 0
     write_heartbeat(
         store,
         ReplicaHeartbeat.empty("b", status="error", last_error="boom"),
     )
-    snap = reader.read()
-    assert snap.stats.files_read == 1
-    assert snap.frame("status").set_index("replica").loc["b", "last_error"] == "boom"
+    view = reader.read()
+    assert view.stats.files_read == 1
+    assert view.frame("status").set_index("replica").loc["b", "last_error"] == "boom"
     store.rm(store.ls(""))
 
 
@@ -205,14 +205,14 @@ def test_stalled_and_failing_replicas_are_flagged(recorded_bucket):
     write_heartbeat(store, r0)
     write_heartbeat(store, r1)
 
-    snap = BucketReader(uri, stalled_after_s=30.0).read(now=now)
-    status = snap.frame("status").set_index("replica")
+    view = BucketReader(uri, stalled_after_s=30.0).read(now=now)
+    status = view.frame("status").set_index("replica")
     assert status.loc["r0", "health"] == "STALLED"
     assert status.loc["r0", "heartbeat_age_s"] == pytest.approx(120.0)
     assert status.loc["r1", "health"] == "FAILING"
     assert status.loc["r1", "last_error"] == r1.last_error
     assert status.loc["r1", "errors"] == 3
-    assert "2 flagged" in snap.markdown()
+    assert "2 flagged" in view.markdown()
 
 
 def test_importing_the_data_layer_is_light():
@@ -242,21 +242,21 @@ def test_reward_curve_with_evaluations_and_stale_fraction():
         ],
     )
     store.write_bytes("metrics/trainer.json", metrics.model_dump_json().encode())
-    snap = BucketReader(uri).read()
-    reward = snap.frame("reward")
+    view = BucketReader(uri).read()
+    reward = view.frame("reward")
     train = reward[reward.series == "train"]
     assert train.step.tolist() == [0, 1, 2, 3]
     after = reward[reward.series == "eval after ±SE"].reward.tolist()
     assert after == pytest.approx([0.5, 0.6, 0.7])  # mean - SE, mean, mean + SE
-    assert snap.frame("training").stale_fraction.tolist() == pytest.approx([0, 0.05, 0.1, 0.15])
-    assert snap.frame("evals").label.tolist() == ["before", "after"]
-    assert "eval **after**" in snap.markdown(public=True)
+    assert view.frame("training").stale_fraction.tolist() == pytest.approx([0, 0.05, 0.1, 0.15])
+    assert view.frame("evals").label.tolist() == ["before", "after"]
+    assert "eval **after**" in view.markdown(public=True)
     # written before consistent_rate was measured: the curve leaves it out, the table has NaN
-    curve = snap.frame("curve")
-    assert sorted(set(curve.series)) == ["reward (eval)", "win rate (eval)"]
-    assert curve[curve.series == "win rate (eval)"].value.tolist() == [0.25, 0.25]
-    assert snap.frame("evals").consistent_rate.isna().all()
-    assert "consistent" not in snap.markdown()
+    curve = view.frame("curve")
+    assert sorted(set(curve.series)) == ["reward", "win rate"]
+    assert curve[curve.series == "win rate"].value.tolist() == [0.25, 0.25]
+    assert view.frame("evals").consistent_rate.isna().all()
+    assert "consistent" not in view.markdown()
 
 
 def test_status_shows_each_replicas_url_and_the_routers_counts(tmp_path):

@@ -1,9 +1,10 @@
 """The dashboard's states and messages (``dashboard.data``, ``dashboard.problems``): empty,
-missing, half-written, damaged and unreadable run roots become ``waiting``/``error`` snapshots
-whose problem kind names what is wrong. The operator's message and the server log carry the URI,
-the file and the exception text; the public line and the public summary carry only the kind:
-"waiting for the first version", "invalid manifest", "the run root is not a folder", the store's
-own line, "the heartbeat of replica X does not parse"."""
+missing, half-written, damaged and unreadable run roots become ``waiting``/``error`` run views
+(``RunView``) whose problem kind names what is wrong. The operator's message and the server log
+carry the URI, the file and the exception text; the public line and the public summary carry only
+the kind: "waiting for the first version", "the manifest does not parse" (an error: waiting does
+not mend it), "the run root is not a folder", the store's own line, "the heartbeat of replica X
+does not parse"."""
 
 from __future__ import annotations
 
@@ -22,31 +23,31 @@ from deltasync.status import TRAINER_METRICS_PATH
 from deltasync.store import Store
 
 
-def _assert_public_hides(snap, *secrets: str) -> None:
+def _assert_public_hides(view, *secrets: str) -> None:
     """Neither the public line nor the public summary shows any of ``secrets``."""
-    shown = snap.public + "\n" + snap.markdown(public=True)
+    shown = view.public + "\n" + view.markdown(public=True)
     for secret in secrets:
         assert secret not in shown, (secret, shown)
 
 
 def test_empty_bucket_is_waiting(tmp_path):
-    snap = BucketReader(str(tmp_path)).read()
-    assert snap.state == "waiting"
-    assert snap.problem.kind is ProblemKind.NOT_PUBLISHED
-    assert snap.public == "waiting for the first version"
-    assert "waiting for the first version" in snap.message
-    assert str(tmp_path) in snap.message
-    _assert_public_hides(snap, str(tmp_path))
+    view = BucketReader(str(tmp_path)).read()
+    assert view.state == "waiting"
+    assert view.problem.kind is ProblemKind.NOT_PUBLISHED
+    assert view.public == "waiting for the first version"
+    assert "waiting for the first version" in view.message
+    assert str(tmp_path) in view.message
+    _assert_public_hides(view, str(tmp_path))
     for name in COLUMNS:
-        assert snap.frame(name).empty
-    assert "WAITING" in snap.markdown()
+        assert view.frame(name).empty
+    assert "WAITING" in view.markdown()
 
 
 def test_missing_local_folder_is_waiting_and_not_created(tmp_path):
     path = tmp_path / "not-yet"
-    snap = BucketReader(str(path)).read()
-    assert snap.state == "waiting" and "does not exist yet" in snap.message
-    assert snap.public == "waiting for the first version"
+    view = BucketReader(str(path)).read()
+    assert view.state == "waiting" and "does not exist yet" in view.message
+    assert view.public == "waiting for the first version"
     assert not path.exists()
 
 
@@ -54,38 +55,45 @@ def test_payload_without_manifest_is_waiting(tmp_path):
     part = tmp_path / "anchors" / "v0000000000" / "part-0000.safetensors"
     part.parent.mkdir(parents=True)
     part.write_bytes(b"\0" * 64)
-    snap = BucketReader(str(tmp_path)).read()
-    assert snap.state == "waiting"
-    assert "1 payload file(s) but no manifest.json" in snap.message
-    assert "waiting for the first version" in snap.message
-    assert snap.public == "waiting for the first version"
+    view = BucketReader(str(tmp_path)).read()
+    assert view.state == "waiting"
+    assert "1 payload file(s) but no manifest.json" in view.message
+    assert "waiting for the first version" in view.message
+    assert view.public == "waiting for the first version"
 
 
-def test_garbage_manifest_is_an_invalid_manifest_then_recovers(tmp_path, recorded_bucket, caplog):
+def test_garbage_manifest_is_an_error_then_recovers(tmp_path, recorded_bucket, caplog):
     (tmp_path / MANIFEST_PATH).write_bytes(b'{"schema": "deltasync.manifest/1", "run_')
     reader = BucketReader(str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="dashboard"):
-        snap = reader.read()
-    # still waiting (the trainer may rewrite it), but named apart from "not published yet"
-    assert snap.state == "waiting"
-    assert snap.problem.kind is ProblemKind.INVALID_MANIFEST
-    assert snap.public == "invalid manifest"
-    assert "WAITING**: invalid manifest" in snap.markdown(public=True)
-    assert f"{tmp_path}/{MANIFEST_PATH}" in snap.message and "not a valid manifest" in snap.message
-    why = snap.message.split("(", 1)[1].split(")", 1)[0]  # the parser's reason, operator only
+        view = reader.read()
+    # an error, not "waiting": the trainer writes the manifest whole, so waiting does not mend it
+    assert view.state == "error"
+    assert view.problem.kind is ProblemKind.MANIFEST_UNPARSABLE
+    assert view.problem.kind.state == "error"
+    assert view.public == "the manifest does not parse"
+    assert "**ERROR**: the manifest does not parse" in view.markdown(public=True)
+    assert "WAITING" not in view.markdown(public=True) + view.markdown()
+    assert "waiting" not in view.public
+    assert f"{tmp_path}/{MANIFEST_PATH}" in view.message and "does not parse" in view.message
+    assert "damaged" in view.message  # the operator learns what to do about it
+    why = view.message.split("(", 1)[1].split(")", 1)[0]  # the parser's reason, operator only
     assert why and why in caplog.text
-    _assert_public_hides(snap, str(tmp_path), MANIFEST_PATH, why)
+    _assert_public_hides(view, str(tmp_path), MANIFEST_PATH, why, ".json")
     assert f"{tmp_path}/{MANIFEST_PATH} does not parse" in caplog.text  # recovered, and logged
+    # the next poll reads it again, at the fastest interval (an error is never "nothing new")
+    assert reader.read().state == "error"
+    assert reader.next_read_delay_s() == reader.min_interval_s
 
     good = Store(recorded_bucket[0]).read_bytes(MANIFEST_PATH)
     (tmp_path / MANIFEST_PATH).write_bytes(good)
     assert reader.read().state == "ok"
     (tmp_path / MANIFEST_PATH).write_bytes(b"[]")  # damaged after a good one: keep the last good
-    snap = reader.read()
-    assert snap.state == "ok" and snap.trainer_version == Manifest.from_json(good).latest.version
-    assert [w.kind for w in snap.warnings] == [ProblemKind.FILE_SKIPPED]
-    assert "does not parse" in snap.warnings[0].detail
-    assert snap.public_warnings() == ["1 file(s) skipped this poll (malformed)"]
+    view = reader.read()
+    assert view.state == "ok" and view.trainer_version == Manifest.from_json(good).latest.version
+    assert [w.kind for w in view.warnings] == [ProblemKind.FILE_SKIPPED]
+    assert "does not parse" in view.warnings[0].detail
+    assert view.public_warnings() == ["1 file(s) skipped this poll (malformed)"]
 
 
 def test_run_root_that_is_a_file_is_named(tmp_path, recorded_bucket, caplog):
@@ -93,14 +101,14 @@ def test_run_root_that_is_a_file_is_named(tmp_path, recorded_bucket, caplog):
     root.write_text("not a folder")
     reader = BucketReader(str(root))
     with caplog.at_level(logging.WARNING, logger="dashboard"):
-        snap = reader.read()
-    assert snap.state == "error"
-    assert snap.problem.kind is ProblemKind.ROOT_NOT_A_FOLDER
-    assert snap.public == "the run root is not a folder"
-    assert "ERROR**: the run root is not a folder" in snap.markdown(public=True)
-    assert f"cannot read `{root}`" in snap.message and "not a folder" in snap.message
+        view = reader.read()
+    assert view.state == "error"
+    assert view.problem.kind is ProblemKind.ROOT_NOT_A_FOLDER
+    assert view.public == "the run root is not a folder"
+    assert "ERROR**: the run root is not a folder" in view.markdown(public=True)
+    assert f"cannot read `{root}`" in view.message and "not a folder" in view.message
     assert str(root) in caplog.text
-    _assert_public_hides(snap, str(root), "run-root")
+    _assert_public_hides(view, str(root), "run-root")
 
     # a root that held a run and was then replaced by a file is named the same way
     uri = recorded_bucket[0]
@@ -109,9 +117,9 @@ def test_run_root_that_is_a_file_is_named(tmp_path, recorded_bucket, caplog):
     shutil.rmtree(uri)
     with open(uri, "w") as f:
         f.write("not a folder")
-    snap = reader.read()
-    assert (snap.state, snap.problem.kind) == ("error", ProblemKind.ROOT_NOT_A_FOLDER)
-    assert snap.public == "the run root is not a folder"
+    view = reader.read()
+    assert (view.state, view.problem.kind) == ("error", ProblemKind.ROOT_NOT_A_FOLDER)
+    assert view.public == "the run root is not a folder"
 
 
 def test_malformed_heartbeat_names_its_replica(recorded_bucket, caplog):
@@ -120,25 +128,25 @@ def test_malformed_heartbeat_names_its_replica(recorded_bucket, caplog):
     store.write_bytes("replicas/broken.json", json.dumps({"replica_id": "broken"}).encode())
     store.write_bytes("replicas/.tmp-abc123r9.json", b'{"half')  # a write underway: ignored
     with caplog.at_level(logging.WARNING, logger="dashboard"):
-        snap = BucketReader(uri).read()
-    assert snap.state == "ok" and snap.problem is None
-    assert set(snap.frame("status").replica) == {"r0", "r1"}
-    [w] = snap.warnings
+        view = BucketReader(uri).read()
+    assert view.state == "ok" and view.problem is None
+    assert set(view.frame("status").replica) == {"r0", "r1"}
+    [w] = view.warnings
     assert (w.kind, w.replica_id) == (ProblemKind.HEARTBEAT_UNPARSABLE, "broken")
-    assert "replicas/broken.json" in w.detail and "replicas/broken.json" in snap.markdown()
+    assert "replicas/broken.json" in w.detail and "replicas/broken.json" in view.markdown()
     assert f"{uri}/replicas/broken.json" in caplog.text
-    assert snap.public_warnings() == ["the heartbeat of replica broken does not parse"]
-    assert "the heartbeat of replica broken does not parse" in snap.markdown(public=True)
-    _assert_public_hides(snap, uri, "replicas/", ".json", w.detail.split("(", 1)[1])
+    assert view.public_warnings() == ["the heartbeat of replica broken does not parse"]
+    assert "the heartbeat of replica broken does not parse" in view.markdown(public=True)
+    _assert_public_hides(view, uri, "replicas/", ".json", w.detail.split("(", 1)[1])
 
     # the trainer's metrics are not a heartbeat: still counted, not named
     store.write_bytes(TRAINER_METRICS_PATH, b"{}")
-    snap = BucketReader(uri).read()
-    assert [w.kind for w in snap.warnings] == [
+    view = BucketReader(uri).read()
+    assert [w.kind for w in view.warnings] == [
         ProblemKind.HEARTBEAT_UNPARSABLE,
         ProblemKind.FILE_SKIPPED,
     ]
-    assert snap.public_warnings() == [
+    assert view.public_warnings() == [
         "the heartbeat of replica broken does not parse",
         "1 file(s) skipped this poll (malformed)",
     ]
@@ -147,9 +155,9 @@ def test_malformed_heartbeat_names_its_replica(recorded_bucket, caplog):
 def test_replica_id_is_shown_as_written_not_as_markdown(recorded_bucket):
     uri, _ = recorded_bucket
     Store(uri).write_bytes("replicas/r_*a*_.json", b"{")
-    snap = BucketReader(uri).read()
-    assert snap.public_warnings() == ["the heartbeat of replica r_*a*_ does not parse"]
-    assert r"replica r\_\*a\*\_ does not parse" in snap.markdown(public=True)
+    view = BucketReader(uri).read()
+    assert view.public_warnings() == ["the heartbeat of replica r_*a*_ does not parse"]
+    assert r"replica r\_\*a\*\_ does not parse" in view.markdown(public=True)
 
 
 @pytest.mark.parametrize("kind", ["file", "hf-model-repo", "unknown-protocol"])
@@ -162,16 +170,16 @@ def test_unreadable_uri_names_it(tmp_path, kind, caplog):
     else:
         uri = "nosuchproto://bucket/run"
     with caplog.at_level(logging.WARNING, logger="dashboard"):
-        snap = BucketReader(uri).read()
-    assert snap.state == "error"
-    assert uri in snap.message
-    assert "cannot read" in snap.message
-    assert "ERROR" in snap.markdown()
+        view = BucketReader(uri).read()
+    assert view.state == "error"
+    assert uri in view.message
+    assert "cannot read" in view.message
+    assert "ERROR" in view.markdown()
     assert uri in caplog.text
-    _assert_public_hides(snap, uri)
+    _assert_public_hides(view, uri)
     if kind != "file":  # a URI that is not a store: the storage line as before
-        assert snap.problem.kind is ProblemKind.STORE_FAILED
-        assert snap.public == "bucket unreadable: storage error (retrying)"
+        assert view.problem.kind is ProblemKind.STORE_FAILED
+        assert view.public == "bucket unreadable: storage error (retrying)"
 
 
 class _RefusingStore:
@@ -189,11 +197,11 @@ class _RefusingStore:
 def test_refused_access_shows_the_stores_own_line(caplog):
     reader = BucketReader("hf://buckets/me/run", store=_RefusingStore())
     with caplog.at_level(logging.WARNING, logger="dashboard"):
-        snap = reader.read()
-    assert (snap.state, snap.problem.kind) == ("error", ProblemKind.ACCESS_REFUSED)
-    assert snap.public == StoreAuthError.summary == "bucket unreadable: token lacks access"
-    assert "403 Forbidden" in snap.message and "403 Forbidden" in caplog.text
-    _assert_public_hides(snap, "hf://buckets/me/run", "403", "HF_TOKEN")
+        view = reader.read()
+    assert (view.state, view.problem.kind) == ("error", ProblemKind.ACCESS_REFUSED)
+    assert view.public == StoreAuthError.summary == "bucket unreadable: token lacks access"
+    assert "403 Forbidden" in view.message and "403 Forbidden" in caplog.text
+    _assert_public_hides(view, "hf://buckets/me/run", "403", "HF_TOKEN")
 
 
 def test_replica_errors_are_shown_by_kind():

@@ -10,25 +10,26 @@ was seen is kept in a bounded history, so plots keep versions, syncs and steps t
 the heartbeat's bounded ``recent`` list have since dropped.
 
 An adapter run (``Manifest.adapter`` set) is read the same way: its versions, payload bytes and
-the replicas' held versions are the adapter's; :attr:`Snapshot.adapter` names it, and the
-snapshot's lines say "adapter version".
+the replicas' held versions are the adapter's; :attr:`RunView.adapter` names it, and the
+view's lines say "adapter version".
 
 Sync lag uses the one definition of ``deltasync.status``: ``lag_versions`` = trainer version -
 replica version; ``lag_s`` = seconds from the publish of the trainer's newest version to the moment
 considered, while the replica is behind (0 when it holds the newest). Times are unix seconds in the
 objects and naive UTC ``datetime64`` in the frames' ``time`` columns.
 
-States of a :class:`Snapshot`, each set by the kind of its ``problem``
+States of a :class:`RunView`, each set by the kind of its ``problem``
 (:class:`~dashboard.problems.ProblemKind`): ``waiting`` (no folder, no manifest or no version yet:
-"waiting for the first version"; a manifest that does not parse and no good one seen yet: "invalid
-manifest"), ``ok`` (no problem), and ``error`` (the run root cannot be read: "the run root is not
-a folder", the store's own line such as "bucket unreadable: token lacks access", or "bucket
-unreadable: storage error (retrying)"). A file skipped while the run is still shown is a
-``warnings`` entry ("the heartbeat of replica X does not parse"). ``Snapshot.message`` and each
-problem's ``detail`` name the URI, the file and why (server log, private pages);
-``Snapshot.public`` and ``Problem.public`` name the kind only: no URI, local path or exception
-text. Errors are turned into these states on purpose and logged; nothing here raises for a bad
-bucket.
+"waiting for the first version"), ``ok`` (no problem), and ``error`` (the run root cannot be read:
+"the run root is not a folder", the store's own line such as "bucket unreadable: token lacks
+access", or "bucket unreadable: storage error (retrying)"; or its manifest does not parse and no
+good one was seen: "the manifest does not parse", which waiting alone does not mend, as the
+trainer writes the manifest whole; the next poll still reads it again). A file skipped while the
+run is still shown is a ``warnings`` entry ("the heartbeat of replica X does not parse").
+``RunView.message`` and each problem's ``detail`` name the URI, the file and why (server log,
+private pages); ``RunView.public`` and ``Problem.public`` name the kind only: no URI, local path
+or exception text. Errors are turned into these states on purpose and logged; nothing here raises
+for a bad bucket.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from deltasync.store import Store, resolve_uri
 
 from .frames import FramesFromHistory
 from .problems import Problem, ProblemKind
-from .snapshot import ReadStats, Snapshot, version_noun
+from .view import ReadStats, RunView, version_noun
 
 log = logging.getLogger("dashboard")
 
@@ -149,14 +150,14 @@ class BucketReader(FramesFromHistory):
         self._evals = {}
 
     # ------------------------------------------------------------------------------ reading
-    def read(self, now: float | None = None) -> Snapshot:
+    def read(self, now: float | None = None) -> RunView:
         """Poll the bucket once and build every frame.
 
         Args:
             now: unix seconds to compute heartbeat ages and lag against (default: the clock).
 
         Returns:
-            A :class:`Snapshot`; bucket problems become its ``problem`` and ``waiting``/``error``
+            A :class:`RunView`; bucket problems become its ``problem`` and ``waiting``/``error``
             state, files skipped its ``warnings``.
         """
         with self._lock:
@@ -188,7 +189,7 @@ class BucketReader(FramesFromHistory):
                     max(self._delay, self.min_interval_s, 1.0) * 2, self.max_interval_s
                 )
             latest = m.latest if m else None
-            return Snapshot(
+            return RunView(
                 bucket=self.bucket,
                 state=state,
                 message=message,
@@ -275,7 +276,7 @@ class BucketReader(FramesFromHistory):
         from being shown (None: it is shown, the last good manifest included)."""
         try:
             manifest = self._read_cached(store, MANIFEST_PATH, Manifest.from_json)
-        except ValueError as e:  # half-written or damaged: recovered by waiting for a good one
+        except ValueError as e:  # damaged (written whole, never half): shown, and read again
             first = _why(e)
             log.warning("dashboard: %s/%s does not parse: %s", self.bucket, MANIFEST_PATH, first)
             if self._manifest is not None:
@@ -283,10 +284,11 @@ class BucketReader(FramesFromHistory):
                 warnings.append(Problem(ProblemKind.FILE_SKIPPED, detail))
                 return None
             detail = (
-                f"`{self.bucket}/{MANIFEST_PATH}` is not a valid manifest ({first}): waiting for a "
-                "valid one; if this persists the file is damaged"
+                f"`{self.bucket}/{MANIFEST_PATH}` does not parse ({first}): the file is damaged "
+                "(the trainer writes it whole); replace it with a valid manifest or point the "
+                "dashboard at another run root"
             )
-            return Problem(ProblemKind.INVALID_MANIFEST, detail)
+            return Problem(ProblemKind.MANIFEST_UNPARSABLE, detail)
         if manifest is None:
             if self._manifest is not None:
                 detail = f"{MANIFEST_PATH} disappeared; showing the last one read"

@@ -1,6 +1,6 @@
 """The dashboard's frames: the columns of every table and plot, and how a :class:`BucketReader`'s
-history becomes them (``FramesFromHistory``, the reader's base class). The snapshot that carries
-them is ``dashboard.snapshot``. Imports neither torch nor gradio."""
+history becomes them (``FramesFromHistory``, the reader's base class). They reach the page in a
+:class:`~dashboard.view.RunView`. Imports neither torch nor gradio."""
 
 from __future__ import annotations
 
@@ -62,11 +62,11 @@ COLUMNS: dict[str, list[str]] = {
 
 # The learning curve's series of each evaluation: series name -> EvalResult field.
 CURVE_SERIES = {
-    "reward (eval)": "reward_mean",
-    "win rate (eval)": "win_rate",
-    "consistent share (eval)": "consistent_rate",
+    "reward": "reward_mean",
+    "win rate": "win_rate",
+    "consistent": "consistent_rate",
 }
-TRAIN_CONSISTENT = "consistent share (training)"
+TRAIN_CONSISTENT = "consistent (train)"
 
 # Columns holding text (nominal in plots); "time" is datetime; every other column is numeric.
 TEXT_COLUMNS = frozenset(

@@ -13,11 +13,13 @@ from typing import Literal
 
 class ProblemKind(enum.Enum):
     """The kinds of problem a poll can find. The value is the public line (a template for
-    ``ACCESS_REFUSED`` and ``HEARTBEAT_UNPARSABLE``); :attr:`state` is the snapshot state it puts
+    ``ACCESS_REFUSED`` and ``HEARTBEAT_UNPARSABLE``); :attr:`state` is the state it puts
     the page in, or None for a file skipped while the run is still shown."""
 
     NOT_PUBLISHED = "waiting for the first version"  # no folder, no manifest or no version yet
-    INVALID_MANIFEST = "invalid manifest"  # the manifest does not parse, none good seen yet
+    # the manifest does not parse and no good one was seen: damaged, as the trainer writes it
+    # whole (temp file + rename, or one upload), so waiting alone does not mend it
+    MANIFEST_UNPARSABLE = "the manifest does not parse"
     ROOT_NOT_A_FOLDER = "the run root is not a folder"
     ACCESS_REFUSED = "{summary}"  # token refused or bucket missing: StoreAccessError.summary
     STORE_FAILED = "bucket unreadable: storage error (retrying)"  # any other storage failure
@@ -27,8 +29,9 @@ class ProblemKind(enum.Enum):
 
     @property
     def state(self) -> Literal["waiting", "error"] | None:
-        """The snapshot state this kind puts the page in (None: the run is still shown)."""
-        if self in (ProblemKind.NOT_PUBLISHED, ProblemKind.INVALID_MANIFEST):
+        """The state (``RunView.state``) this kind puts the page in (None: the run is still
+        shown)."""
+        if self is ProblemKind.NOT_PUBLISHED:
             return "waiting"
         if self in (ProblemKind.HEARTBEAT_UNPARSABLE, ProblemKind.FILE_SKIPPED):
             return None

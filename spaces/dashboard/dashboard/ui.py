@@ -1,20 +1,23 @@
 """The dashboard's Gradio app: live plots and a status table of one run's bucket.
 
 ``build_app(config)`` returns a ``gr.Blocks`` that polls the bucket through one shared
-:class:`~dashboard.data.BucketReader` on a ``gr.Timer`` (every open page ticks, but the
-bucket is read at most once per ``refresh_s / 2``, and less often while nothing changes:
-``BucketReader.next_read_delay_s``; a tick that finds the same snapshot sends nothing). API routes
-(``gradio_client``): ``/status`` (state, a public message and the status table as JSON) and
-``/refresh`` (every output of the page).
+:class:`~dashboard.data.BucketReader` on a ``gr.Timer`` (every open page ticks, but the bucket is
+read at most once per ``refresh_s / 2``, and less often while nothing changes:
+``BucketReader.next_read_delay_s``; a tick that finds the same ``RunView`` sends nothing). API
+routes (``gradio_client``): ``/status`` (state, a public message and the status table as JSON,
+under the frame's column names) and ``/refresh`` (every output of the page).
+
+The page is written for people: the status table's headers are words with their units
+("Held version", "Lag (s)": ``STATUS_HEADERS``) that break between words only (``PAGE_CSS``,
+passed to ``launch`` by :func:`serve`), and plot titles are short enough to fit their plot.
 
 Public pages show no bucket URI, local path or exception text: the state's public line (e.g.
 "bucket unreadable: token lacks access") and each replica's error kind only.
 
-An adapter run (``Snapshot.adapter``) is named in the summary ("LoRA adapter r=8, alpha 16 on
+An adapter run (``RunView.adapter``) is named in the summary ("LoRA adapter r=8, alpha 16 on
 ...", the base model left out when it is a path), and its plots and status table say "adapter
-version" and "adapter bytes" (``ADAPTER_LABELS``, ``ADAPTER_STATUS_COLUMNS``); a full-weight run's
-page is the page as built. Uploads are capped
-at 1 KB (the dashboard takes none).
+version" and "adapter bytes" (``ADAPTER_LABELS``, ``ADAPTER_STATUS_HEADERS``); a full-weight run's
+page is the page as built. Uploads are capped at 1 KB (the dashboard takes none).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import pandas as pd
 from .config import DashboardConfig
 from .data import BucketReader
 from .problems import public_error
-from .snapshot import Snapshot, public_adapter
+from .view import RunView, public_adapter
 
 log = logging.getLogger("dashboard")
 
@@ -48,10 +51,10 @@ FIXED_COLORS = {
     "apply": "#2ca02c",
     "paused": "#d62728",
     # the learning curve (dashboard.frames.CURVE_SERIES, TRAIN_CONSISTENT)
-    "reward (eval)": "#1f77b4",
-    "win rate (eval)": "#2ca02c",
-    "consistent share (eval)": "#d62728",
-    "consistent share (training)": "#f4a6a6",
+    "reward": "#1f77b4",
+    "win rate": "#2ca02c",
+    "consistent": "#d62728",
+    "consistent (train)": "#f4a6a6",
 }
 STALENESS_COLORS = ["#2ca02c", "#bcbd22", "#ff7f0e", "#d62728", "#8c564b", "#7f7f7f"]
 
@@ -61,7 +64,7 @@ class PlotSpec(NamedTuple):
 
     row: int  # the page row it stands in (0: top); left to right in ``PLOTS`` order
     kind: type[gr.LinePlot | gr.BarPlot | gr.ScatterPlot]
-    frame: str  # the Snapshot frame it draws
+    frame: str  # the RunView frame it draws
     x: str  # a key of ``X_AXES``
     y: str
     color: str | None  # the column that splits it into series (None: a single series)
@@ -77,15 +80,15 @@ class PlotSpec(NamedTuple):
 PLOTS = [
     PlotSpec(1, gr.LinePlot, "versions", "time", "version", "series", "plot-versions", "Held version vs trainer version", "version"),
     PlotSpec(1, gr.LinePlot, "lag", "time", "lag_versions", "replica", "plot-lag-versions", "Lag (versions)", "versions behind"),
-    PlotSpec(1, gr.LinePlot, "lag", "time", "lag_s", "replica", "plot-lag-seconds", "Lag (seconds)", "seconds behind newest publish"),
+    PlotSpec(1, gr.LinePlot, "lag", "time", "lag_s", "replica", "plot-lag-seconds", "Lag (seconds)", "seconds behind trainer"),
     PlotSpec(2, gr.BarPlot, "payloads", "version", "mb", "kind", "plot-payload", "Payload per version (anchors marked)", "MB (10^6 bytes)"),
     PlotSpec(2, gr.ScatterPlot, "density", "version", "density_pct", "marker", "plot-density", "Delta density", "changed elements (%)"),
     PlotSpec(3, gr.ScatterPlot, "syncs", "time", "paused_s", "replica", "plot-paused", "Paused window per sync", "generation paused (s)"),
     PlotSpec(3, gr.ScatterPlot, "sync_phases", "time", "seconds", "phase", "plot-phases", "Fetch / decode / apply per sync", "seconds"),
-    PlotSpec(0, gr.LinePlot, "reward", "step", "reward", "series", "plot-reward", "Reward per step, evaluations as mean ± SE", "mean reward"),
-    PlotSpec(0, gr.LinePlot, "curve", "step", "value", "series", "plot-curve", "Learning curve: held-out evaluations, consistent share of training games", "share / mean reward", ["label", "series", "step", "value"]),
-    PlotSpec(0, gr.LinePlot, "lag", "time", "lag_s", "replica", "plot-lag-seconds-main", "Sync lag (seconds)", "seconds behind newest publish"),
-    PlotSpec(4, gr.LinePlot, "training", "step", "stale_fraction", None, "plot-stale-fraction", "Stale fraction (discarded / generated samples)", "fraction"),
+    PlotSpec(0, gr.LinePlot, "reward", "step", "reward", "series", "plot-reward", "Reward per step (evals: mean ± SE)", "mean reward"),
+    PlotSpec(0, gr.LinePlot, "curve", "step", "value", "series", "plot-curve", "Learning curve (held-out evals)", "share / mean reward", ["label", "series", "step", "value"]),
+    PlotSpec(0, gr.LinePlot, "lag", "time", "lag_s", "replica", "plot-lag-seconds-main", "Sync lag (seconds)", "seconds behind trainer"),
+    PlotSpec(4, gr.LinePlot, "training", "step", "stale_fraction", None, "plot-stale-fraction", "Stale fraction of samples", "discarded / generated"),
     PlotSpec(4, gr.BarPlot, "staleness", "step", "count", "staleness", "plot-staleness", "Staleness of training samples", "samples (by versions stale)"),
 ]
 # fmt: on
@@ -101,25 +104,60 @@ PLOT_HEIGHT = 260
 # each version without pausing. Plots not named here read the same in both kinds of run.
 # fmt: off
 ADAPTER_LABELS = {
-    "plot-versions": {"title": "Held adapter version vs trainer adapter version", "y_title": "adapter version"},
+    "plot-versions": {"title": "Held vs trainer adapter version", "y_title": "adapter version"},
     "plot-lag-versions": {"title": "Lag (adapter versions)", "y_title": "adapter versions behind"},
-    "plot-lag-seconds": {"title": "Adapter lag (seconds)", "y_title": "seconds behind newest adapter publish"},
-    "plot-payload": {"title": "Adapter bytes per adapter version (anchors marked)", "y_title": "adapter MB (10^6 bytes)", "x_title": "adapter version"},
-    "plot-density": {"title": "Adapter delta density", "y_title": "changed adapter elements (%)", "x_title": "adapter version"},
-    "plot-paused": {"title": "Paused window per adapter sync (an adapter load does not pause)"},
-    "plot-phases": {"title": "Fetch / decode / apply (adapter load) per adapter sync"},
-    "plot-lag-seconds-main": {"title": "Adapter sync lag (seconds)", "y_title": "seconds behind newest adapter publish"},
+    "plot-lag-seconds": {"title": "Adapter lag (seconds)"},
+    "plot-payload": {"title": "Adapter bytes per version (anchors marked)", "y_title": "adapter MB (10^6 bytes)", "x_title": "adapter version"},
+    "plot-density": {"title": "Adapter delta density", "x_title": "adapter version"},
+    "plot-paused": {"title": "Pause per adapter sync (loads don't pause)"},
+    "plot-phases": {"title": "Fetch / decode / apply (load) per adapter sync"},
+    "plot-lag-seconds-main": {"title": "Adapter sync lag (seconds)"},
 }
 # fmt: on
-# The status table's columns as an adapter run's page names them (the /status API keeps the names).
-ADAPTER_STATUS_COLUMNS = {
-    "held_version": "held_adapter_version",
-    "trainer_version": "trainer_adapter_version",
-    "lag_versions": "lag_adapter_versions",
+# The status table's headers as the page shows them: words, units in parentheses (frame column ->
+# header). The frame, the /status API and the code keep the column names.
+STATUS_HEADERS = {
+    "replica": "Replica",
+    "health": "Health",
+    "status": "Status",
+    "held_version": "Held version",
+    "trainer_version": "Trainer version",
+    "lag_versions": "Lag (versions)",
+    "lag_s": "Lag (s)",
+    "heartbeat_age_s": "Heartbeat age (s)",
+    "errors": "Errors",
+    "last_error": "Last error",
+    "apply_path": "Apply path",
+    "url": "URL",
+    # the trainer's router: its state of the replica (joining, serving, draining, down, gone) and
+    # its requests to it (in flight, answered, answered per second, failed requests and checks)
+    "fleet_state": "Fleet state",
+    "inflight": "In flight",
+    "served": "Served",
+    "served_per_s": "Served per s",
+    "failed": "Failed",
 }
-# Status columns shown as whole numbers, under either name.
+# What an adapter run's status table says instead (its versions are the adapter's).
+ADAPTER_STATUS_HEADERS = {
+    "held_version": "Held adapter version",
+    "trainer_version": "Trainer adapter version",
+    "lag_versions": "Lag (adapter versions)",
+}
+# Status columns shown as whole numbers (versions and counts; the others to 0.1).
 WHOLE_COLUMNS = ["held_version", "trainer_version", "lag_versions", "errors"]
-WHOLE_COLUMNS += [ADAPTER_STATUS_COLUMNS[c] for c in WHOLE_COLUMNS[:3]]
+WHOLE_COLUMNS += ["inflight", "served", "failed"]
+# The page's own CSS (``launch(css=PAGE_CSS)``). Gradio lets a table header break anywhere in a word
+# ("heal th", "held_ve rsion"); here headers break between words only, so each column is at least
+# as wide as the longest word of its header, and are set in the page's text font (narrower than
+# the table's monospace: the 17 columns fit a 1,200-pixel page).
+PAGE_CSS = """
+#status-table th .header {
+  font-family: var(--font);
+  word-break: normal;
+  overflow-wrap: normal;
+  hyphens: none;
+}
+"""
 
 
 def plot_labels(spec: PlotSpec, adapter: bool) -> dict[str, str]:
@@ -145,17 +183,19 @@ def status_label(stalled_after_s: float, adapter: bool) -> str:
 
 
 class SharedReader:
-    """One reader for every page: returns the last snapshot if it is younger than ``min_age_s``."""
+    """One reader for every page: returns the last view of the run if it is younger than
+    ``min_age_s``."""
 
     def __init__(self, reader: BucketReader, min_age_s: float):
         self.reader = reader
         self.min_age_s = min_age_s
         self._lock = threading.Lock()
-        self._last: Snapshot | None = None
+        self._last: RunView | None = None
         self._last_mono = 0.0
 
-    def snapshot(self) -> Snapshot:
-        """A snapshot at most max(``min_age_s``, ``reader.next_read_delay_s()``) seconds old."""
+    def view(self) -> RunView:
+        """A view of the run at most max(``min_age_s``, ``reader.next_read_delay_s()``) seconds
+        old."""
         with self._lock:
             age = max(self.min_age_s, self.reader.next_read_delay_s())
             if self._last is None or time.monotonic() - self._last_mono >= age:
@@ -172,19 +212,19 @@ def _jsonable(df: pd.DataFrame) -> list[dict]:
     ]
 
 
-def status_payload(snap: Snapshot) -> dict:
+def status_payload(view: RunView) -> dict:
     """The ``/status`` answer: state, public message, run, trainer version, the adapter of an
-    adapter run (``snapshot.public_adapter``: no base model path; None for full weights) and one
+    adapter run (``public_adapter``: no base model path; None for full weights) and one
     dict per replica (its error kind only: no paths, URIs or exception text)."""
     return {
-        "state": snap.state,
-        "message": snap.public,
-        "run_id": snap.run_id,
-        "trainer_version": snap.trainer_version,
-        "adapter": public_adapter(snap.adapter),
-        "read_at": snap.read_at,
-        "warnings": len(snap.warnings),
-        "replicas": _jsonable(public_status(snap.frame("status"))),
+        "state": view.state,
+        "message": view.public,
+        "run_id": view.run_id,
+        "trainer_version": view.trainer_version,
+        "adapter": public_adapter(view.adapter),
+        "read_at": view.read_at,
+        "warnings": len(view.warnings),
+        "replicas": _jsonable(public_status(view.frame("status"))),
     }
 
 
@@ -196,18 +236,29 @@ def public_status(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _styled_status(df: pd.DataFrame):
-    """The status table with flagged (STALLED/FAILING) rows highlighted."""
-    if df.empty:
-        return df
+def status_headers(adapter: bool) -> dict[str, str]:
+    """The status table's headers (frame column -> header): ``STATUS_HEADERS``, with
+    ``ADAPTER_STATUS_HEADERS`` for an adapter run (``adapter``)."""
+    return {**STATUS_HEADERS, **(ADAPTER_STATUS_HEADERS if adapter else {})}
+
+
+def status_table(df: pd.DataFrame, adapter: bool):
+    """The status table as the page shows it: ``df`` (the public status frame) under the headers
+    of :func:`status_headers`, versions and counts as whole numbers, and flagged (STALLED/FAILING)
+    rows highlighted."""
+    headers = status_headers(adapter)
+    shown = df.rename(columns=headers)
+    if shown.empty:
+        return shown
+    health = headers["health"]
 
     def row_style(row):
-        bad = "STALLED" in row["health"] or "FAILING" in row["health"]
+        bad = "STALLED" in row[health] or "FAILING" in row[health]
         return [FLAG_STYLE if bad else ""] * len(row)
 
-    whole = [c for c in WHOLE_COLUMNS if c in df.columns]
+    whole = [headers[c] for c in WHOLE_COLUMNS if c in df.columns]
     return (
-        df.style.apply(row_style, axis=1)
+        shown.style.apply(row_style, axis=1)
         .format(precision=1, na_rep="")
         .format("{:.0f}", subset=whole, na_rep="")
     )
@@ -298,6 +349,7 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
         gr.Markdown("## deltasync: sync lag and training")
         summary = gr.Markdown("reading the bucket…", elem_id="summary")
         status = gr.Dataframe(
+            headers=list(status_headers(adapter=False).values()),
             label=status_label(config.stalled_after_s, adapter=False),
             interactive=False,
             elem_id="status-table",
@@ -308,28 +360,25 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
         seen = gr.State(dict)  # per page: {plot index: categories sent, settle flag}
 
         def refresh(seen: dict):
-            snap = shared.snapshot()
+            view = shared.view()
             settling = any(v.get("settle") for k, v in seen.items() if isinstance(k, int))
-            key = [id(snap), snap.read_at]
-            if seen.get("snap") == key and not settling:  # nothing new: send nothing
+            key = [id(view), view.read_at]
+            if seen.get("view") == key and not settling:  # nothing new: send nothing
                 return tuple(gr.skip() for _ in outputs)
-            seen["snap"] = key
-            known = set(snap.frame("versions").series) | set(snap.frame("status").replica)
+            seen["view"] = key
+            known = set(view.frame("versions").series) | set(view.frame("status").replica)
             replicas = sorted(known - {"trainer"})
-            adapter = snap.adapter is not None
-            status_df = public_status(snap.frame("status"))
-            if adapter:
-                status_df = status_df.rename(columns=ADAPTER_STATUS_COLUMNS)
-            table = _styled_status(status_df)
+            adapter = view.adapter is not None
+            table = status_table(public_status(view.frame("status")), adapter)
             label = status_label(config.stalled_after_s, adapter)
             if label != seen.get("table_label", status_label(config.stalled_after_s, False)):
                 seen["table_label"] = label
                 table = gr.update(value=table, label=label)
-            out = [snap.markdown(public=True), table]
+            out = [view.markdown(public=True), table]
             for i, spec in enumerate(PLOTS):
                 mine = seen.setdefault(i, {"labels": plot_labels(spec, adapter=False)})
                 labels = plot_labels(spec, adapter)
-                frame = snap.frame(spec.frame)
+                frame = view.frame(spec.frame)
                 out.append(plot_update(frame, spec.color, replicas, mine, labels))
             return (*out, seen)
 
@@ -344,7 +393,7 @@ def build_app(config: DashboardConfig, reader: BucketReader | None = None) -> gr
 
         def status_api() -> dict:
             """State, message and the status table of the bucket, as JSON."""
-            return status_payload(shared.snapshot())
+            return status_payload(shared.view())
 
         gr.api(status_api, api_name="status")
     return demo
@@ -364,5 +413,6 @@ def serve(config: DashboardConfig) -> None:
         server_port=config.port,
         show_error=False,  # exception text stays in the log, not on the public page
         max_file_size="1kb",  # the dashboard takes no uploads
+        css=PAGE_CSS,
         footer_links=["api"],
     )

@@ -1,7 +1,8 @@
-"""What one poll of the run root found (:class:`Snapshot`: state, messages, frames) and what it cost
-(:class:`ReadStats`), with the Markdown summary the page shows, and how an adapter run is named
-(:func:`describe_adapter`, :func:`public_base_model`, :func:`version_noun`). Imports neither torch
-nor gradio."""
+"""The run as one poll of its root saw it (:class:`RunView`: state, messages, frames) and what the
+poll cost (:class:`ReadStats`), with the Markdown summary the page shows, and how an adapter run is
+named (:func:`describe_adapter`, :func:`public_base_model`, :func:`version_noun`). Not to be
+confused with ``deltasync.snapshot.Snapshot``, the publisher's copy of the last published weights.
+Imports neither torch nor gradio."""
 
 from __future__ import annotations
 
@@ -85,13 +86,14 @@ class ReadStats:
 
 
 @dataclass
-class Snapshot:
-    """What the dashboard shows after one poll of the bucket.
+class RunView:
+    """The run as one poll of its root saw it: the state, its messages and the frames the page
+    draws (``BucketReader.read`` returns one per poll).
 
     Attributes:
         bucket: the run root's URI as given.
-        state: "waiting" (no version yet, or an invalid manifest), "ok", or "error" (the run root
-            cannot be read).
+        state: "waiting" (no version yet), "ok", or "error" (the run root cannot be read, or its
+            manifest does not parse and no good one was seen).
         message: one line for the operator (logs): what the state means, with the URI and the
             reason.
         public: the same for public pages: the kind of problem, no URI, local path or exception
