@@ -11,8 +11,8 @@ import json
 import logging
 import os
 
-from trainer.config import EvalSettings, GRPOSettings
 from trainer.local import processes
+from trainer.settings import EvalSettings, GRPOSettings
 from trainer.task.evaluate import evaluate
 
 

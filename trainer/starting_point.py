@@ -9,7 +9,7 @@ import os
 import shutil
 
 from deltasync.store import Store
-from trainer.config import TINY, RunSettings
+from trainer.settings import TINY, RunSettings
 from trainer.task.warm_start import WarmStartConfig
 
 log = logging.getLogger("trainer")

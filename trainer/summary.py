@@ -8,8 +8,8 @@ from __future__ import annotations
 import statistics
 
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics, read_heartbeats
-from trainer.config import GRPOSettings, RunSettings
 from trainer.loop import ranks
+from trainer.settings import GRPOSettings, RunSettings
 
 
 def build_summary(

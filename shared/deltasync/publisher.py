@@ -28,7 +28,6 @@ import numpy as np
 from . import codec
 from .adapter import check_adapter, check_adapter_names
 from .bucket_writer import PayloadWriter, commit_manifest, read_manifest
-from .publisher_encoder import ChangeEncoder
 from .errors import ManifestError, ModelMismatchError
 from .lease import LeaseKeeper
 from .manifest import (
@@ -38,6 +37,7 @@ from .manifest import (
     model_digest,
 )
 from .publisher_config import PublisherConfig  # also imported from here by trainers and tests
+from .publisher_encoder import ChangeEncoder
 from .snapshot import Snapshot, compose_changes
 from .store import Store, open_store
 

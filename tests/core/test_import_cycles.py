@@ -101,7 +101,7 @@ def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
 # story; the entry points (make train, make e2e, make eval) drive it.
 TRAINER_LAYERS = [
     ["trainer", "trainer.task"],
-    ["trainer.config"],
+    ["trainer.settings", "trainer.config"],
     ["trainer.fleet"],
     ["trainer.local"],
     ["trainer.loop"],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 
-from trainer.config import AdapterConfigError, AdapterSettings
+from trainer.settings import AdapterConfigError, AdapterSettings
 
 log = logging.getLogger("trainer.loop.adapter")
 

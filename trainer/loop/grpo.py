@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import time
 
-from trainer.config import TINY, GRPOSettings, RunSettings
 from trainer.loop import ranks, trl_compat
 from trainer.loop.advantages import CentredAdvantages
 from trainer.loop.bucket_transfer import BucketWeightTransfer
 from trainer.loop.rollout_tagging import ReplicaVersionTagger
 from trainer.loop.trained_weights import FullWeights
+from trainer.settings import TINY, GRPOSettings, RunSettings
 from trainer.task.wordle_task import WordleToolEnv, make_dataset
 
 

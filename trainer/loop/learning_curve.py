@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from trainer.config import EvalSettings
 from trainer.loop.grpo import wait_for_version
+from trainer.settings import EvalSettings
 from trainer.task.evaluate import check_context, evaluate
 from trainer.task.wordle_task import eval_seeds
 

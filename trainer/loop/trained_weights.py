@@ -6,7 +6,7 @@ the digest the summary compares with the bucket's)."""
 
 from __future__ import annotations
 
-from trainer.config import AdapterConfigError, AdapterSettings
+from trainer.settings import AdapterConfigError, AdapterSettings
 
 
 class FullWeights:
