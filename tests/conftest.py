@@ -11,7 +11,7 @@ NO_GPU_REASON = "no CUDA GPU: torch.cuda.is_available() is False"
 _ORDER = {"tests/e2e/test_e2e_short.py": 0, "tests/e2e/test_train_nproc.py": 2}
 # The warm start the end-to-end tests train from: enough for the tiny model to play well-formed
 # games (3 epochs; 1 epoch was not), far less than make train's default.
-E2E_WARM_START = {"warm_start_games": 500, "warm_start_epochs": 3}
+E2E_WARM_START = {"warm_start_games": 300, "warm_start_epochs": 3}
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: torch is imported only if a gpu test runs
