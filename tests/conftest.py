@@ -8,7 +8,22 @@ import importlib.util
 import pytest
 
 NO_GPU_REASON = "no CUDA GPU: torch.cuda.is_available() is False"
-_ORDER = {"tests/e2e/test_e2e_short.py": 0, "tests/e2e/test_train_nproc.py": 2}
+# make test's order of modules (pytest-xdist hands a free worker the next module): the longest,
+# the short e2e run (it builds the shared warm start first), at once on one worker; the other
+# worker takes the core, dashboard and deploy modules (about the warm start's time), then the
+# NPROC run (which reuses that warm start) beside the e2e run, then the rest, whose small modules
+# fill the end on both workers (run last, the NPROC run's ~100 s left one worker idle).
+_FIRST = {"tests/e2e/test_e2e_short.py": 0, "tests/e2e/test_train_nproc.py": 2}
+_BEFORE_NPROC = ("tests/core/", "tests/dashboard/", "tests/deploy/")
+
+
+def _order(nodeid: str) -> int:
+    path = nodeid.split("::")[0]
+    if path in _FIRST:
+        return _FIRST[path]
+    return 1 if path.startswith(_BEFORE_NPROC) else 3
+
+
 # The warm start the end-to-end tests train from: enough for the tiny model to play well-formed
 # games (3 epochs; 1 epoch was not), far less than make train's default.
 E2E_WARM_START = {"warm_start_games": 300, "warm_start_epochs": 3}
@@ -16,10 +31,7 @@ E2E_WARM_START = {"warm_start_games": 300, "warm_start_epochs": 3}
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: torch is imported only if a gpu test runs
 def pytest_collection_modifyitems(config, items):
-    # make test's workers (pytest-xdist) take one module at a time in this order: the longest,
-    # the short e2e run (it builds the shared warm start first), starts at once on one worker
-    # while the other takes the rest, and the NPROC run (which reuses that warm start) comes last.
-    items.sort(key=lambda item: _ORDER.get(item.nodeid.split("::")[0], 1))
+    items.sort(key=lambda item: _order(item.nodeid))  # stable: collection order within a rank
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return

@@ -17,6 +17,7 @@ from .errors import (
     StoreAuthError,
     StoreError,
     StoreNotFoundError,
+    VersionNotKeptError,
     WrongBaseModelError,
 )
 
@@ -32,5 +33,6 @@ __all__ = [
     "StoreAuthError",
     "StoreError",
     "StoreNotFoundError",
+    "VersionNotKeptError",
     "WrongBaseModelError",
 ]

@@ -16,6 +16,11 @@ class BaseVersionMismatch(DeltaSyncError):
     """A delta's `base_version` is not the version the receiver holds."""
 
 
+class VersionNotKeptError(DeltaSyncError):
+    """A version asked of a ``deltasync.history.VersionHistory`` is not among the ones it can
+    rebuild (older than its window, reached by an anchor jump, or not published yet)."""
+
+
 class ModelMismatchError(DeltaSyncError):
     """Tensor names, shapes or dtypes differ from the run's model fingerprint."""
 

@@ -316,7 +316,9 @@ def test_public_page_names_each_fault(tmp_path, recorded_bucket, adapter_bucket,
         (root / MANIFEST_PATH).write_bytes(b'{"schema": "deltasync.manifest/1", "run_')
         text = shows(url, "the manifest does not parse")
         summary = page.evaluate("document.querySelector('#summary')?.innerText ?? ''")
-        assert summary.startswith("ERROR: the manifest does not parse"), summary
+        # the first line of the state (Gradio may show its update timer, "0.1s", above it)
+        lines = [x for x in summary.splitlines() if x.strip() and not re.fullmatch(r"[\d.]+s", x)]
+        assert lines[0].startswith("ERROR: the manifest does not parse"), summary
         assert "WAITING" not in text and "waiting for the first version" not in text
         assert MANIFEST_PATH not in text  # the kind of problem, not the file (nor its folder)
 
