@@ -48,6 +48,7 @@ from trainer.settings import (
     GRPOConfigError,
     GRPOSettings,
     LocalSettings,
+    NetConfigError,
     RunSettings,
     Secrets,
 )
@@ -68,6 +69,7 @@ __all__ = [  # the sections and their errors, re-exported for callers of the who
     "GRPOConfigError",
     "GRPOSettings",
     "LocalSettings",
+    "NetConfigError",
     "RunSettings",
     "Secrets",
     "TrainConfig",
@@ -148,6 +150,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "cache_dir": ("run", "cache_dir", None),
     "output_dir": ("run", "output_dir", None),
     "seed": ("run", "seed", None),
+    "net": ("run", "net", "NET"),
     "hf_token": ("secrets", "hf_token", "HF_TOKEN"),
     "rollout_api_key": ("secrets", "rollout_api_key", "ROLLOUT_API_KEY"),
     "vllm_url": ("fleet", "vllm_url", "VLLM_URL"),
@@ -193,6 +196,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "adapter_name": ("adapter", "name", None),
     "dashboard": ("local", "dashboard", None),
     "dashboard_port": ("local", "dashboard_port", None),
+    "replica_sync_every": ("local", "replica_sync_every", "SYNC_EVERY"),
 }
 _SECRETS = ("hf_token", "rollout_api_key")  # from the environment only
 
@@ -280,5 +284,5 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     kw = hub_cpu_defaults(kw)
     try:
         return TrainConfig.from_flags(**kw)
-    except (AdapterConfigError, EvalConfigError, GRPOConfigError) as e:
+    except ValueError as e:  # a section refused a value (AdapterConfigError, NetConfigError, ...)
         p.error(str(e))

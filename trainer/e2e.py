@@ -98,7 +98,7 @@ class Faults(TrainerCallback):
             self.stack.model_path,
             self.stack.logs_dir,
             replica_id=LATE,
-            extra_env=self.stack.weights.replica_env(),  # an adapter run's replicas load adapters
+            extra_env=self.stack.replica_env(),  # an adapter run's replicas load adapters
         )
         self.stack.add_child(self.replica)
         self.urls.append(self.replica.url)

@@ -35,6 +35,10 @@ class GRPOConfigError(ValueError):
     accepted values."""
 
 
+class NetConfigError(ValueError):
+    """``NET`` names no link profile; the message lists them."""
+
+
 class AdapterConfigError(ValueError):
     """An adapter setting (``adapter``, ``lora_*``, ``adapter_name``) has a value the run cannot
     use; the message says what was expected, what was found and how to fix it."""
@@ -59,6 +63,9 @@ class RunSettings:
         cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
         output_dir: TRL's output folder (None: ``<run_dir>/trainer``).
         seed: seed of the model init, the warm start, the data order and the games.
+        net: a simulated link between this machine's units and the bucket (``deltasync.link``:
+            ``spaces``, ``slow`` or ``<latency ms>:<MB/s>``), for the local stack: the trainer's
+            bucket traffic and each local replica's go through it, as on Spaces. None: none.
     """
 
     bucket: str | None = None
@@ -69,6 +76,15 @@ class RunSettings:
     cache_dir: str | None = None
     output_dir: str | None = None
     seed: int = 0
+    net: str | None = None
+
+    def __post_init__(self) -> None:
+        from deltasync.link import LinkProfileError, link_for
+
+        try:
+            link_for(self.net)
+        except LinkProfileError as e:
+            raise NetConfigError(str(e)) from None
 
     @property
     def local(self) -> bool:
@@ -327,7 +343,18 @@ class LocalSettings:
     Attributes:
         dashboard: start the Gradio dashboard for the local run (port ``dashboard_port``).
         dashboard_port: its port on 127.0.0.1.
+        replica_sync_every: a forced lag for the local replicas (their ``SYNC_EVERY``): each pulls
+            only once the newest version is this many past the one it serves
+            (``deltasync.follow.Follower``); 1: every version. Above ``max_staleness`` the fleet
+            drains them.
     """
 
     dashboard: bool = True
     dashboard_port: int = 7861
+    replica_sync_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.replica_sync_every < 1:
+            raise ValueError(
+                f"replica_sync_every={self.replica_sync_every}: expected 1 or more versions"
+            )

@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from deltasync.link import link_for
 from deltasync.publisher import DeltaPublisher
 from deltasync.store import Store
 from trainer.config import TrainConfig
@@ -71,7 +72,9 @@ class RunStack(contextlib.AbstractContextManager):
             file_log = processes.log_to_file(os.path.join(self.logs_dir, "trainer.log"))
             self._exit.callback(file_log.close)
             self._exit.callback(logging.getLogger().removeHandler, file_log)
-            self.store = Store(self.bucket, **self.cfg.secrets.store_options(self.bucket))
+            link = link_for(self.cfg.run.net)  # NET: the bucket behind a simulated network
+            options = self.cfg.secrets.store_options(self.bucket)
+            self.store = Store(self.bucket, link=link, **options)
         except BaseException:
             self._exit.close()  # a failed enter gets no __exit__: stop what started
             raise
@@ -85,6 +88,16 @@ class RunStack(contextlib.AbstractContextManager):
         self.children.append(child)
         self._exit.callback(child.stop)
         return child
+
+    def replica_env(self) -> dict[str, str]:
+        """The environment of a local replica of this run: what the trained weights need
+        (``ADAPTER``...), and the simulated network (``NET``) and forced lag (``SYNC_EVERY``)."""
+        env = dict(self.weights.replica_env())
+        if self.cfg.run.net:
+            env["NET"] = self.cfg.run.net
+        if self.cfg.local.replica_sync_every > 1:
+            env["SYNC_EVERY"] = str(self.cfg.local.replica_sync_every)
+        return env
 
     def start(self, model_path: str, publisher_hook=None) -> str:
         """Start the Wordle server, the publisher, the replica, the dashboard, the pool and the
@@ -107,7 +120,7 @@ class RunStack(contextlib.AbstractContextManager):
             if not torch.cuda.is_available():  # the warm start had every core; now share them
                 torch.set_num_threads(processes.cpu_threads()[0])
             replica = processes.start_replica(
-                self.bucket, model_path, self.logs_dir, extra_env=self.weights.replica_env()
+                self.bucket, model_path, self.logs_dir, extra_env=self.replica_env()
             )
             fixed_urls, discover = [self.add_child(replica).url], True  # late ones join
         elif not fixed_urls:  # a bucket and no VLLM_URL: every replica that follows it

@@ -134,6 +134,12 @@ class Follower:
             configured.
         report: called with (error, what) for every error of a poll, which is then not raised
             (a long-lived replica); None: errors propagate (tests, benches, one-shot catch-ups).
+        sync_every: a forced lag (``make train SYNC_EVERY=k``, to see what lag does to
+            learning): a poll pulls only once the newest version is at least this many versions
+            past the one held, or once the newest has not changed for ``idle_sync_s`` seconds (the
+            run paused for an evaluation, or ended); 1: every new version (the default).
+        idle_sync_s: see ``sync_every``.
+        clock: ``time.monotonic`` (a simulated clock in tests).
         subscriber_kw: ``DeltaSubscriber`` arguments when ``store`` is not one.
 
     Attributes:
@@ -153,8 +159,13 @@ class Follower:
         max_poll_interval_s: float | None = None,
         error_poll_interval_s: float = 30.0,
         report: Report | None = None,
+        sync_every: int = 1,
+        idle_sync_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
         **subscriber_kw,
     ):
+        if sync_every < 1:
+            raise ValueError(f"sync_every: expected 1 or more versions, found {sync_every}")
         if isinstance(store, DeltaSubscriber):
             self.subscriber = store
         else:
@@ -168,6 +179,8 @@ class Follower:
         self.error_poll_interval_s = max(poll_interval_s, error_poll_interval_s)
         self.delay_s = poll_interval_s
         self.report = report
+        self.sync_every, self.idle_sync_s, self.clock = sync_every, idle_sync_s, clock
+        self._newest_since = clock()  # when newest_seen last changed
         self.newest_seen: int | None = None
         self.newest_published_at: float | None = None
         self.refused: dict[tuple, str] = {}
@@ -214,10 +227,13 @@ class Follower:
                 return None
             if manifest.latest.version != self.newest_seen:
                 self.delay_s = self.poll_interval_s  # something moved: poll at the fastest
+                self._newest_since = self.clock()
             else:
                 self._backoff()
             self.newest_seen = manifest.latest.version
             self.newest_published_at = manifest.latest.created_at
+            if target is None and self._lagging_on_purpose():
+                return None
             plan = self._plan(manifest, target)
             if plan is None or not plan.steps:
                 return None
@@ -235,6 +251,18 @@ class Follower:
             (wake or stop).wait(self.delay_s)
             if wake is not None:
                 wake.clear()
+
+    def _lagging_on_purpose(self) -> bool:
+        """Whether the forced lag (``sync_every``) keeps the held version for now."""
+        held = self.held.version
+        if self.sync_every == 1 or held is None or self.newest_seen is None:
+            return False
+        behind = self.newest_seen - held
+        idle = self.clock() - self._newest_since >= self.idle_sync_s
+        if 0 < behind < self.sync_every and not idle:
+            self.delay_s = min(self.delay_s, self.idle_sync_s)
+            return True
+        return False
 
     def _backoff(self) -> None:
         self.delay_s = min(max(self.delay_s, self.poll_interval_s) * 2, self.max_poll_interval_s)

@@ -79,6 +79,9 @@ class Store:
         create: create a local folder that does not exist yet (readers pass False).
         max_retry_after_s: longest wait (seconds) honoured from a 429's ``Retry-After``.
         sleep: how the Store waits between retries (``time.sleep``; a simulated clock in tests).
+        link: a ``deltasync.link.Link`` every request and byte goes through (a simulated
+            network on a local store, ``NET``); None: none. With a link, a local store's files are
+            not written in place (:meth:`local_path` is None), as on a remote store.
         storage_options: passed to the fsspec filesystem (s3://, ...); on hf:// ``token=`` and
             ``endpoint=`` go to huggingface_hub's ``HfApi``.
 
@@ -95,6 +98,7 @@ class Store:
         create: bool = True,
         max_retry_after_s: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
+        link=None,
         **storage_options,
     ):
         if not uri:
@@ -105,6 +109,7 @@ class Store:
         self.backoff_s = backoff_s
         self.max_retry_after_s = max_retry_after_s
         self.sleep = sleep
+        self.link = link
         self.hub: HubBucket | None = None
         if self.uri.startswith("hf://") and not self.uri.startswith("hf://buckets/"):
             raise ValueError(
@@ -134,10 +139,13 @@ class Store:
         return f"{self.root}/{path.lstrip('/')}" if path else self.root
 
     def local_path(self, path: str) -> str | None:
-        """Filesystem path of ``path`` when the store is a local folder, else None."""
-        return self._full(path) if self.is_local else None
+        """Filesystem path of ``path`` when the store is a local folder without a link, else
+        None."""
+        return self._full(path) if self.is_local and self.link is None else None
 
     def _call(self, what: str, path: str, fn: Callable[[], T]) -> T:
+        if self.link is not None:
+            self.link.request()
         delay = self.backoff_s
         for attempt in range(1, self.retries + 1):
             try:
@@ -192,7 +200,10 @@ class Store:
         if self.hub is not None:
             return self._call("read", path, lambda: self.hub.get(path)[0])
         self._invalidate(path)
-        return self._call("read", path, lambda: self.fs.cat_file(self._full(path)))
+        data = self._call("read", path, lambda: self.fs.cat_file(self._full(path)))
+        if self.link is not None:
+            self.link.transfer(len(data))
+        return data
 
     def read_if_changed(self, path: str, tag: str | None) -> tuple[bytes | None, str]:
         """The object's bytes if it changed since ``tag`` was returned, else None.
@@ -248,6 +259,8 @@ class Store:
         Raises:
             StoreAuthError, StoreBucketNotFoundError, StoreError: the write failed.
         """
+        if self.link is not None:
+            self.link.transfer(len(data))
         if self.hub is not None:
             self._call("write", path, lambda: self.hub.put([(path, data)]))
         elif self.is_local:
@@ -306,6 +319,8 @@ class Store:
             else:
                 self.fs.put_file(local_path, self._full(path))
 
+        if self.link is not None:
+            self.link.transfer(os.path.getsize(local_path))
         self._call("upload", path, put)
 
     def get_file(self, path: str, local_path: str) -> None:
@@ -318,6 +333,8 @@ class Store:
             self._call("download", path, lambda: self.hub.download(path, local_path))
             return
         self._call("download", path, lambda: self.fs.get_file(self._full(path), local_path))
+        if self.link is not None:
+            self.link.transfer(os.path.getsize(local_path))
 
     def exists(self, path: str) -> bool:
         """Whether the object exists (hf://: one resolver ``HEAD``).

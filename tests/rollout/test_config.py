@@ -34,6 +34,8 @@ def _sample(f: Field) -> tuple[str, object]:
         return "reload", "reload"
     if f.name == "adapter":  # fixed choices too
         return "lora", "lora"
+    if f.name == "net":  # a link profile (deltasync.link)
+        return "spaces", "spaces"
     if kind is bool:
         return str(not f.default).lower(), not f.default
     if kind in (int, float):
@@ -110,3 +112,14 @@ def test_deprecated_deltasync_store_still_names_the_bucket_with_a_warning(caplog
         RolloutConfig.from_env(
             {"DELTASYNC_STORE": "file:///a", "BUCKET": "file:///b", "MODEL": "m"}
         )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({"NET": "moon"}, "NET='moon': expected local, spaces, slow"), ({"SYNC_EVERY": "0"}, ">= 1")],
+)
+def test_a_simulated_link_and_a_forced_lag_are_checked(env, expected):
+    with pytest.raises(ConfigError, match=expected):
+        RolloutConfig.from_env({**REQUIRED, **env})
+    cfg = RolloutConfig.from_env({**REQUIRED, "NET": "80:25", "SYNC_EVERY": "4"})
+    assert (cfg.net, cfg.sync_every) == ("80:25", 4)

@@ -19,6 +19,8 @@ def _sample(flag: str) -> tuple[str, object]:
     """A valid value for ``flag`` other than its default: (the variable's text, the value)."""
     if flag == "adapter":  # a choice: its one kind
         return "lora", "lora"
+    if flag == "net":  # a link profile (deltasync.link)
+        return "slow", "slow"
     section, name, _ = FLAGS[flag]
     hint = typing.get_type_hints(typing.get_type_hints(TrainConfig)[section])[name]
     default = getattr(TrainConfig(), section).__dataclass_fields__[name].default
@@ -203,3 +205,20 @@ def test_a_hub_model_is_warm_started_only_when_it_never_saw_a_tool_unless_asked(
     assert run.hub_warm_start_game_count(template_swapped=False) == 0
     asked = TrainConfig.from_flags(model="some/model", hub_warm_start_games=7).run
     assert asked.hub_warm_start_game_count(template_swapped=False) == 7
+
+
+def test_a_simulated_network_and_a_forced_lag_reach_the_local_replica(env, capsys):
+    """``NET`` and ``SYNC_EVERY`` (make variables) put the trainer's store behind the link and
+    go to every local replica's environment; an unknown profile stops the run at once."""
+    from trainer.loop.trained_weights import FullWeights
+    from trainer.stack import RunStack
+
+    env(NET="spaces", SYNC_EVERY="4")
+    cfg = from_args([])
+    assert (cfg.run.net, cfg.local.replica_sync_every) == ("spaces", 4)
+    assert RunStack(cfg, FullWeights()).replica_env() == {"NET": "spaces", "SYNC_EVERY": "4"}
+    assert RunStack(TrainConfig(), FullWeights()).replica_env() == {}  # the default: neither
+    env(NET="moon")
+    with pytest.raises(SystemExit):
+        from_args([])
+    assert "NET='moon': expected local, spaces, slow" in capsys.readouterr().err

@@ -25,6 +25,8 @@
 | ``ADAPTER_NAME``          | ``adapter_name``          | policy                           |
 | ``MAX_LORA_RANK``         | ``max_lora_rank``         | 16 (rounded up to a vLLM rank)   |
 | ``MAX_LORAS``             | ``max_loras``             | 4                                |
+| ``NET``                   | ``net``                   | none (or ``spaces``, ``slow``)   |
+| ``SYNC_EVERY``            | ``sync_every``            | 1                                |
 
 Each field of ``RolloutConfig`` declares its variable once, next to its default
 (``metadata={"env": ...}``; a tuple lists fallbacks); ``from_env`` reads them by the field's type
@@ -47,6 +49,8 @@ import typing
 import warnings
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
+
+from deltasync.link import LinkProfileError, link_for
 
 from .staging import default_stage_dir
 
@@ -142,6 +146,12 @@ class RolloutConfig:
             a rank vLLM accepts (1, 8, 16, 32, ...).
         max_loras: adapters vLLM keeps loaded at once (``--max-loras``): the newest version and
             older ones with requests still in flight.
+        net: a simulated link between this replica and its bucket (``deltasync.link``:
+            ``spaces``, ``slow`` or ``<latency ms>:<MB/s>``), for the one-machine stack; None:
+            none.
+        sync_every: a forced lag: pull only once the newest version is this many past the one
+            served (or the run has published nothing for 30 s); 1: every version
+            (``deltasync.follow.Follower``).
     """
 
     bucket: str = field(metadata={"env": "BUCKET"})
@@ -172,6 +182,8 @@ class RolloutConfig:
     adapter_name: str = field(default="policy", metadata={"env": "ADAPTER_NAME"})
     max_lora_rank: int = field(default=16, metadata={"env": "MAX_LORA_RANK"})
     max_loras: int = field(default=4, metadata={"env": "MAX_LORAS"})
+    net: str | None = field(default=None, metadata={"env": "NET"})
+    sync_every: int = field(default=1, metadata={"env": "SYNC_EVERY"})
 
     def __post_init__(self):
         if not self.bucket:
@@ -182,6 +194,12 @@ class RolloutConfig:
             raise ConfigError(f"expected REPLICA_ID without '/', found {self.replica_id!r}")
         if self.poll_interval_s <= 0 or self.heartbeat_interval_s <= 0:
             raise ConfigError("POLL_INTERVAL_S and HEARTBEAT_INTERVAL_S must be > 0")
+        if self.sync_every < 1:
+            raise ConfigError(f"SYNC_EVERY must be an integer >= 1, found {self.sync_every}")
+        try:
+            link_for(self.net)
+        except LinkProfileError as e:
+            raise ConfigError(str(e)) from None
         if self.apply_path not in ("auto", "in-place", "reload"):
             raise ConfigError(f"APPLY_PATH must be auto|in-place|reload, found {self.apply_path!r}")
         if self.max_body_bytes < 1024:

@@ -224,6 +224,9 @@ def main() -> None:
     """Run the Space: vLLM child, sync loop, public front on ``PORT``."""
     import uvicorn
 
+    from deltasync.link import link_for
+    from deltasync.store import Store
+
     from .config import RolloutConfig
     from .engine import VLLMControl
     from .server import create_app
@@ -258,8 +261,9 @@ def main() -> None:
     try:
         wait_healthy(cfg.vllm_url, proc, cfg.startup_timeout_s)
         engine = VLLMControl(cfg.vllm_url)
+        link = link_for(cfg.net)  # a simulated network (NET) on the one-machine stack
         loop = SyncLoop(
-            cfg.bucket,
+            Store(cfg.bucket, link=link) if link is not None else cfg.bucket,
             engine,
             cfg.replica_id,
             cfg.poll_interval_s,
@@ -268,6 +272,7 @@ def main() -> None:
             cfg.stage_dir,
             public_url=cfg.public_url,
             adapter=adapter_target(cfg),
+            sync_every=cfg.sync_every,
         )
         loop.start()  # raises UnsupportedModelError for quantized / MoE models
         app = create_app(

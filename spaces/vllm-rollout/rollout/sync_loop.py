@@ -60,7 +60,7 @@ class SyncLoop:
     """Keeps one vLLM server on the newest verified version of a bucket run.
 
     Args:
-        bucket: the run's bucket URI.
+        bucket: the run's bucket URI or Store (one with a simulated ``link``: ``NET``).
         engine: the engine control (``VLLMControl`` for a real server).
         replica_id: name of the heartbeat ``replicas/<replica_id>.json``.
         poll_interval_s: seconds between manifest polls right after a change (the shortest).
@@ -78,6 +78,7 @@ class SyncLoop:
         clock: monotonic seconds (tests pass a simulated clock).
         public_url: the URL trainers reach this replica at, announced in its heartbeat.
         adapter: serve a LoRA adapter run on the base model (None: a full-weight run).
+        sync_every: the follower's forced lag (``SYNC_EVERY``; ``deltasync.follow.Follower``).
 
     Raises (from ``start``/``connect``):
         rollout.apply_plan.UnsupportedModelError: the served model cannot take exact bf16 updates
@@ -88,7 +89,7 @@ class SyncLoop:
 
     def __init__(
         self,
-        bucket: str,
+        bucket,
         engine: Engine,
         replica_id: str,
         poll_interval_s: float = 1.0,
@@ -101,6 +102,7 @@ class SyncLoop:
         clock: Callable[[], float] = time.monotonic,
         public_url: str | None = None,
         adapter: AdapterTarget | None = None,
+        sync_every: int = 1,
     ):
         self.follower = Follower(
             CheckedSubscriber(bucket, adapter),
@@ -108,6 +110,7 @@ class SyncLoop:
             max_poll_interval_s=max_poll_interval_s,
             error_poll_interval_s=error_poll_interval_s,
             report=self._report,
+            sync_every=sync_every,
         )
         self.subscriber, self.store, self.held = (
             self.follower.subscriber,
