@@ -16,6 +16,12 @@ class PublisherConfig:
 
     Attributes:
         anchor_every: versions between anchors (a full snapshot), counted from the last anchor.
+            40 (was 20): with sparse deltas (a pretrained model at lr 1e-6, 0.2% of elements a
+            version) anchors were 97% of the bytes a trainer uploaded at 20, and a replica 32
+            versions behind lost its delta chain (14 MB) to retention and paid an anchor and
+            more (155 MB); at 40 the anchor bytes halve and a new replica pays 1.5% more. With
+            dense deltas ``anchor_replay_fraction`` anchors first (about every 11 versions for
+            the local model). ``bench/bench_catch_up.py``, docs/BENCHMARKS.md section 12.
         anchor_replay_fraction: also anchor when the delta bytes since the last anchor exceed
             this fraction of an anchor's bytes, which bounds what a new replica downloads.
         keep_anchors: retention; versions older than the ``keep_anchors``-th newest anchor are
@@ -36,7 +42,7 @@ class PublisherConfig:
             ``diff_on``.
     """
 
-    anchor_every: int = 20
+    anchor_every: int = 40
     anchor_replay_fraction: float = 0.5
     keep_anchors: int = 2
     part_bytes: int = 512 * 2**20
