@@ -175,6 +175,8 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
             "token_budget",
             "weight_sync_steps",
             "bf16",
+            "off_policy",
+            "tis_cap",
         )
     },
     "anchor_every": ("publish", "anchor_every", None),

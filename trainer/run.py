@@ -79,6 +79,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             stack.replica_version,
             evals.before,
             stack.router.affinity.versions_of,
+            stack.router.affinity.turn_versions,
         )
         metrics_cb = BucketMetricsCallback(
             stack.store,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from trainer.task.wordle_task import EVAL_SEED_COUNT, space_headers
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen3-0.6B"
+OFF_POLICY_MODES = ("off", "tis", "decoupled")  # ``trainer.loop.off_policy``
 TINY = "tiny"
 ADAPTERS = ("lora",)  # the adapter kinds a run can train (``AdapterSettings.kind``)
 # Modules vLLM cannot serve a LoRA on (TRL's ``validate_lora_for_vllm_sync`` refuses them too).
@@ -210,6 +211,11 @@ class GRPOSettings:
             TRL does not query the replica's ``/v1/models`` before it has its first version.
         weight_sync_steps: optimizer steps between publishes.
         bf16: train with bf16 autocast (GPU); the CPU default trains in fp32 and publishes bf16.
+        off_policy: how stale samples are weighed (``trainer.loop.off_policy``): ``off`` (TRL's
+            objective, the default until the lag x mode table says otherwise), ``tis`` (truncated
+            importance weight on the trainer-inference mismatch), ``decoupled`` (PPO's ratio
+            against the generating version, rebuilt from the bucket, times that weight).
+        tis_cap: the truncation of the mismatch weight (Yao et al. 2025: 2).
     """
 
     max_steps: int = 55
@@ -226,8 +232,15 @@ class GRPOSettings:
     token_budget: int = 24576
     weight_sync_steps: int = 1
     bf16: bool = False
+    off_policy: str = "off"
+    tis_cap: float = 2.0
 
     def __post_init__(self) -> None:
+        if self.off_policy not in OFF_POLICY_MODES or not self.tis_cap > 1:
+            raise GRPOConfigError(
+                f"off_policy={self.off_policy!r}, tis_cap={self.tis_cap}: expected one of "
+                f"{', '.join(OFF_POLICY_MODES)} and a cap above 1; set --off-policy / --tis-cap"
+            )
         if self.scale_rewards not in ("group", "none"):
             raise GRPOConfigError(
                 f"scale_rewards={self.scale_rewards!r}: expected 'group' (TRL's (r - mean) / std) or "

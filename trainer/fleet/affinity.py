@@ -75,6 +75,19 @@ class EpisodeAffinity:
             hits = [self._replica.get((n, h[n])) for n in lengths]
         return [v for _, v in filter(None, hits) if v is not None]
 
+    def turn_versions(self, tokens: list[int]) -> list[tuple[int, int]]:
+        """``(end, version)`` of each remembered turn of the sample ``tokens``, in order: the
+        turn's ``prompt + completion`` is ``tokens[:end]``, and ``version`` answered it (turns
+        whose version is unknown are left out)."""
+        with self._lock:
+            lengths = sorted(n for n in self._lengths if n <= len(tokens))
+        if not lengths:
+            return []
+        h = prefix_hashes(tokens[: lengths[-1]])
+        with self._lock:
+            hits = [(n, self._replica.get((n, h[n]))) for n in lengths]
+        return [(n, hit[1]) for n, hit in hits if hit is not None and hit[1] is not None]
+
     def remember(
         self, prompt: list[int], completion: list[int], url: str, version: int | None = None
     ) -> None:

@@ -25,6 +25,7 @@ def build_trainer(
     replica_version_fn=None,
     on_first_apply=None,
     sample_versions_fn=None,
+    turn_versions_fn=None,
 ):
     """AsyncGRPOTrainer with the bucket weight transfer and truthful staleness tagging; returns
     ``(trainer, transfer, tagger)``. Ranks other than 0 pass only the settings, ``weights`` and
@@ -37,7 +38,9 @@ def build_trainer(
     ``on_first_apply(version)`` runs once the replica serves the first published version and
     before TRL's rollout worker starts (the evaluation "before" uses it).
     ``sample_versions_fn(token_ids)``: the versions that answered a sample's turns (the router's
-    ``EpisodeAffinity.versions_of``), for per-sample staleness.
+    ``EpisodeAffinity.versions_of``), for per-sample staleness; ``turn_versions_fn(token_ids)``:
+    each turn's end and version (``EpisodeAffinity.turn_versions``), for the off-policy
+    correction (``grpo.off_policy`` other than ``off``: ``trainer.loop.generating_policy``).
 
     Adapter runs: TRL wraps the model with the run's LoRA config (``weights.peft_config()``); the
     transfer publishes the adapter's tensors only, the model stays unmerged, and rollouts request
@@ -123,6 +126,12 @@ def build_trainer(
         trainer.add_callback(SpellingTiedRows(model, trainer.processing_class))
     if grpo.scale_rewards == "none" and trainer.rollout_queue is not None:
         trainer.rollout_queue = CentredAdvantages(trainer.rollout_queue)
+    if grpo.off_policy != "off" and trainer.rollout_queue is not None and publisher is not None:
+        from trainer.loop.generating_policy import CorrectionStats, correction_for
+
+        correction = correction_for(trainer, grpo, model_path, publisher, turn_versions_fn)
+        trainer.rollout_queue = correction  # after centring: the weight scales the advantage
+        trainer.add_callback(CorrectionStats(correction))
     return trainer, transfer, tagger
 
 

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-MODES = ("off", "tis", "decoupled")
+from trainer.settings import OFF_POLICY_MODES as MODES
+
 TIS_CAP = 2.0
 
 

@@ -1,0 +1,127 @@
+"""``trainer.loop.generating_policy``: a sample's tokens scored under the bucket versions that
+generated its turns (rebuilt bit for bit from the run's deltas), and the correction that rewrites
+what TRL's loss reads: ``decoupled`` puts pi_gen in ``old_log_probs`` and the truncated mismatch
+weight in the advantage, ``tis`` the current policy and the same weight, ``off`` nothing; a
+sample whose versions are unknown is left as TRL made it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from deltasync.history import VersionHistory
+from deltasync.publisher import DeltaPublisher
+from deltasync.subscriber import DeltaSubscriber
+from trainer.loop.generating_policy import (
+    GeneratingPolicy,
+    OffPolicyCorrection,
+    position_versions,
+    token_log_probs,
+)
+from trainer.loop.off_policy import OffPolicyLoss
+from trainer.task.tiny_model import make_tiny_qwen3
+
+IDS = np.array([5, 17, 3, 99, 42, 8, 64, 21, 7, 30])
+
+
+def test_each_position_takes_the_version_of_its_turn():
+    # turn 1 is ids[:4] (answered by v3), turn 2 ids[:8] (v4); positions 8, 9: a tool reply
+    assert position_versions(10, [(4, 3), (8, 4)]).tolist() == [3, 3, 3, 3, 4, 4, 4, 4, -1, -1]
+    assert position_versions(3, []).tolist() == [-1, -1, -1]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny Qwen3 published as v0, v1, v2 (each a step of noise); the bf16 weights of each."""
+    tmp = tmp_path_factory.mktemp("gp")
+    folder = make_tiny_qwen3(str(tmp / "model"), vocab_size=128)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    pub = DeltaPublisher(str(tmp / "bucket"), run_id="gp")
+    history = VersionHistory(DeltaSubscriber(str(tmp / "bucket")), keep=2)  # follows each version
+    weights = {}
+    g = torch.Generator().manual_seed(0)
+    for v in range(3):
+        if v:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.02 * torch.randn(p.shape, generator=g))
+        pub.publish(model.named_parameters(), step=v)
+        pub.flush()
+        history.update()
+        weights[v] = {n: p.detach().to(torch.bfloat16).float() for n, p in model.named_parameters()}
+    pub.close()
+    config = AutoConfig.from_pretrained(folder)
+    assert history.versions() == [0, 1, 2]
+    policy = GeneratingPolicy(lambda: AutoModelForCausalLM.from_config(config), history, models=2)
+    return SimpleNamespace(folder=folder, config=config, weights=weights, policy=policy)
+
+
+def _model_with(run, v):
+    model = AutoModelForCausalLM.from_config(run.config)
+    model.load_state_dict(run.weights[v], strict=False)
+    return model.eval()
+
+
+def test_log_probs_come_from_each_turns_own_version(run):
+    versions = position_versions(len(IDS), [(4, 0), (8, 2)])
+    got = run.policy.log_probs(IDS, versions)
+    want0, want2 = (
+        token_log_probs(_model_with(run, 0), IDS),
+        token_log_probs(_model_with(run, 2), IDS),
+    )
+    assert np.isnan(got[0]) and np.isnan(got[8:]).all()
+    assert np.array_equal(got[1:4], want0[1:4])  # the published bf16 weights, exactly
+    assert np.array_equal(got[4:8], want2[4:8])
+    assert not np.allclose(want0[4:8], want2[4:8])  # the versions differ
+
+
+def _sample(adv=1.0):
+    mask = np.array([0, 1, 1, 1, 0, 1, 1, 1, 0, 0])
+    return SimpleNamespace(
+        input_ids=IDS.copy(),
+        completion_mask=mask,
+        old_log_probs=np.full(10, -2.0, dtype=np.float32),
+        advantage=adv,
+    )
+
+
+@pytest.mark.parametrize("mode", ["decoupled", "tis", "off"])
+def test_the_correction_rewrites_what_trls_loss_reads(run, mode):
+    current = token_log_probs(_model_with(run, 2), IDS)
+    queue = SimpleNamespace(get=lambda: _sample())
+    correction = OffPolicyCorrection(
+        queue,
+        OffPolicyLoss(mode),
+        run.policy,
+        lambda ids: [(4, 0), (8, 1)],
+        lambda ids: current,
+        lambda: 2,
+    )
+    s = correction.get()
+    mask = s.completion_mask.astype(bool)
+    if mode == "off":
+        assert (s.old_log_probs == -2.0).all() and s.advantage == 1.0
+        return
+    gen = run.policy.log_probs(IDS, position_versions(10, [(4, 0), (8, 1)]))
+    w = min(float(np.exp(np.mean(gen[mask] + 2.0))), 2.0)
+    assert s.advantage == pytest.approx(w)
+    want = gen if mode == "decoupled" else current
+    assert np.array_equal(s.old_log_probs[mask], want[mask].astype(np.float32))
+    assert (s.old_log_probs[~mask] == -2.0).all()  # prompt and tool tokens untouched
+    stats = correction.take_stats()
+    assert stats["offpolicy/weight_mean"] == pytest.approx(w)
+    assert stats["offpolicy/lag_mean"] == pytest.approx((2 * 3 + 1 * 3) / 6)
+
+
+def test_a_sample_whose_versions_are_unknown_is_left_as_trl_made_it(run):
+    queue = SimpleNamespace(get=lambda: _sample(0.5))
+    correction = OffPolicyCorrection(
+        queue, OffPolicyLoss("decoupled"), run.policy, lambda ids: [], lambda ids: None, lambda: 2
+    )
+    s = correction.get()
+    assert s.advantage == 0.5 and (s.old_log_probs == -2.0).all()
+    assert correction.take_stats()["offpolicy/uncorrected"] == 1.0

@@ -1,0 +1,260 @@
+"""The generating policy of each sample, rebuilt from the bucket, and the off-policy correction
+applied as the trainer takes samples from TRL's queue.
+
+:class:`GeneratingPolicy` computes a sample's log-probabilities under the versions that generated
+its turns: the weights of version v come bit for bit from a ``deltasync.history.VersionHistory``
+that follows the run's own bucket, loaded into a model built once per version (a few kept, the
+newest used). :class:`OffPolicyCorrection` wraps TRL's rollout queue (as
+``trainer.loop.advantages.CentredAdvantages`` does) and, per ``trainer.loop.off_policy`` mode,
+rewrites what TRL's loss reads, so TRL's own loss computes the corrected objective:
+
+- ``decoupled``: each completion token's ``old_log_probs`` becomes pi_gen (TRL's PPO ratio is then
+  pi_theta / pi_gen, clipped against the generating policy), and the sample's advantage is
+  multiplied by the truncated mismatch weight ``w = min(exp(mean_t(log pi_gen - log pi_vLLM)),
+  cap)``;
+- ``tis``: ``old_log_probs`` becomes the current policy's (the ratio is 1 at the step: no drift
+  correction) and the advantage is multiplied by the same ``w``;
+- ``off``: nothing changes (TRL's objective), the statistics are still recorded when asked.
+
+``w`` is one weight per sample, the geometric mean of its tokens' ratios, truncated at ``cap``
+(TRL's loss takes one advantage per sample; a per-sample weight w > 0 leaves PPO's min unchanged:
+``w min(rA, clip(r)A) = min(r wA, clip(r) wA)``). The per-token form is
+``trainer.loop.off_policy.OffPolicyLoss``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+from deltasync.history import VersionHistory
+from trainer.loop.off_policy import OffPolicyLoss
+
+log = logging.getLogger("trainer.loop.generating_policy")
+
+
+def token_log_probs(model, input_ids: np.ndarray) -> np.ndarray:
+    """float32[L]: ``log p(ids[p] | ids[:p])`` under ``model`` for p >= 1 (position 0: NaN),
+    one forward without gradient."""
+    ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long)[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+    return np.concatenate([[np.nan], lp.numpy()]).astype(np.float32)
+
+
+def position_versions(length: int, turns: list[tuple[int, int]]) -> np.ndarray:
+    """int64[length]: the version that generated each position (-1: none known), from the
+    sample's turns ``(end, version)`` in order: a turn's tokens end at ``end``, so position p
+    belongs to the first turn whose ``end`` is above p."""
+    out = np.full(length, -1, dtype=np.int64)
+    if not turns:
+        return out
+    ends = np.array([e for e, _ in turns])
+    versions = np.array([v for _, v in turns])
+    idx = np.searchsorted(ends, np.arange(length), side="right")
+    inside = idx < len(turns)
+    out[inside] = versions[idx[inside]]
+    return out
+
+
+class GeneratingPolicy:
+    """Log-probabilities under the bucket versions that generated each token.
+
+    Args:
+        build_model: ``f() -> torch.nn.Module``: a fresh model of the run's architecture (its
+            weights are replaced by a version's).
+        history: the run's ``VersionHistory`` (the kept versions).
+        models: models kept built, one per version (the newest used kept).
+    """
+
+    def __init__(self, build_model: Callable[[], torch.nn.Module], history, models: int = 3):
+        self.build_model, self.history, self.models = build_model, history, models
+        self._built: OrderedDict[int, torch.nn.Module] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def model_at(self, version: int) -> torch.nn.Module:
+        """The model with the weights of ``version`` (bf16 as published, computed in float32).
+
+        Raises:
+            deltasync.errors.VersionNotKeptError: the history cannot rebuild ``version``.
+        """
+        from deltasync.bf16 import from_bf16_bits
+
+        with self._lock:
+            if version in self._built:
+                self._built.move_to_end(version)
+                return self._built[version]
+            if version not in self.history.versions():
+                self.history.update()
+            bits = self.history.weights_at(version)
+            model = self._built.popitem(last=False)[1] if len(self._built) >= self.models else None
+            model = model if model is not None else self.build_model()
+            state = {n: from_bf16_bits(np.array(b)).float() for n, b in bits.items()}
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            if unexpected or any(not _tied(n) for n in missing):
+                raise ValueError(
+                    f"version {version}'s tensors do not fit the model: missing {missing[:3]}, "
+                    f"unexpected {unexpected[:3]}"
+                )
+            model.eval()
+            self._built[version] = model
+            return model
+
+    def log_probs(self, input_ids: np.ndarray, versions: np.ndarray) -> np.ndarray:
+        """float32[L]: each position's log-probability under its own version (``versions``,
+        int64[L], -1: none known -> NaN).
+
+        Raises:
+            deltasync.errors.VersionNotKeptError: a version the history cannot rebuild.
+        """
+        out = np.full(len(input_ids), np.nan, dtype=np.float32)
+        for v in np.unique(versions[versions >= 0]):
+            lp = token_log_probs(self.model_at(int(v)), input_ids)
+            out[versions == v] = lp[versions == v]
+        return out
+
+
+def _tied(name: str) -> bool:
+    return name.endswith("lm_head.weight")  # tied to the embedding: not published on its own
+
+
+class OffPolicyCorrection:
+    """TRL's rollout queue with each sample's ``old_log_probs`` and advantage rewritten for
+    ``loss.mode`` (see the module docstring), and the statistics of what it saw.
+
+    Args:
+        inner: the queue TRL's dataset reads (``get`` returns TRL's ``RolloutSample``).
+        loss: the mode and cap (``trainer.loop.off_policy.OffPolicyLoss``).
+        policy: :class:`GeneratingPolicy`.
+        turns_fn: a sample's token ids -> its turns ``(end, bucket version)``
+            (``trainer.fleet.affinity.EpisodeAffinity.turn_versions``).
+        current_fn: ``f(input_ids) -> float32[L]``: the current policy's log-probabilities (for
+            ``tis``).
+        newest_fn: ``f() -> int | None``: the newest published version (for the lag).
+    """
+
+    def __init__(self, inner, loss: OffPolicyLoss, policy, turns_fn, current_fn, newest_fn):
+        self._inner, self.loss, self.policy = inner, loss, policy
+        self.turns_fn, self.current_fn, self.newest_fn = turns_fn, current_fn, newest_fn
+        self._stats: list[dict] = []
+        self._lock = threading.Lock()
+
+    def get(self, *args, **kwargs):
+        sample = self._inner.get(*args, **kwargs)
+        if self.loss.mode != "off":
+            self.correct(sample)
+        return sample
+
+    def correct(self, sample) -> None:
+        """Rewrite ``sample`` for the mode (in place) and record its statistics; a sample whose
+        turns' versions are unknown, or no longer kept, is left as TRL made it (counted)."""
+        from deltasync.errors import VersionNotKeptError
+
+        t0 = time.perf_counter()
+        ids = np.asarray(sample.input_ids)
+        versions = position_versions(len(ids), self.turns_fn([int(t) for t in ids]))
+        mask = np.asarray(sample.completion_mask).astype(bool) & (versions >= 0)
+        try:
+            gen = self.policy.log_probs(ids, np.where(mask, versions, -1))
+        except VersionNotKeptError:
+            mask[:] = False
+        if not mask.any():
+            self._record(uncorrected=1, seconds=time.perf_counter() - t0)
+            return
+        sampled = np.asarray(sample.old_log_probs, dtype=np.float32)
+        log_mismatch = float(np.mean(gen[mask] - sampled[mask]))
+        weight = min(math.exp(log_mismatch), self.loss.cap)
+        if self.loss.mode == "decoupled":
+            new_old = gen
+        else:  # tis: the ratio against the current policy (1 at the step)
+            new_old = self.current_fn(ids)
+        sample.old_log_probs = np.where(mask, new_old, sampled).astype(sampled.dtype)
+        sample.advantage = float(sample.advantage) * weight
+        newest = self.newest_fn()
+        lags = (newest - versions[mask]) if newest is not None else np.zeros(int(mask.sum()))
+        self._record(
+            weight=weight,
+            truncated=float(math.exp(log_mismatch) > self.loss.cap),
+            mismatch_max=float(np.exp(np.max(gen[mask] - sampled[mask]))),
+            lag_mean=float(np.mean(lags)),
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _record(self, **row) -> None:
+        with self._lock:
+            self._stats.append(row)
+
+    def take_stats(self) -> dict[str, float]:
+        """The statistics since the last call (one step's samples): ``offpolicy/weight_mean``,
+        ``weight_min``, ``truncated`` (share of samples capped), ``mismatch_max`` (largest token
+        ratio pi_gen / pi_vLLM), ``lag_mean`` (versions), ``uncorrected`` (samples left as TRL
+        made them) and ``seconds`` (the recomputation's time)."""
+        with self._lock:
+            rows, self._stats = self._stats, []
+        done = [r for r in rows if "weight" in r]
+        out = {
+            "offpolicy/uncorrected": float(sum(r.get("uncorrected", 0) for r in rows)),
+            "offpolicy/seconds": round(sum(r["seconds"] for r in rows), 3),
+        }
+        if done:
+            out.update(
+                {
+                    "offpolicy/weight_mean": float(np.mean([r["weight"] for r in done])),
+                    "offpolicy/weight_min": float(np.min([r["weight"] for r in done])),
+                    "offpolicy/truncated": float(np.mean([r["truncated"] for r in done])),
+                    "offpolicy/mismatch_max": float(np.max([r["mismatch_max"] for r in done])),
+                    "offpolicy/lag_mean": float(np.mean([r["lag_mean"] for r in done])),
+                }
+            )
+        return out
+
+    def __getattr__(self, name):  # put_nowait, qsize, ... unchanged
+        return getattr(self._inner, name)
+
+
+class CorrectionStats(TrainerCallback):
+    """Adds the correction's statistics of each step to TRL's logs (the step line,
+    ``steps.jsonl``)."""
+
+    def __init__(self, correction: OffPolicyCorrection):
+        self.correction = correction
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None:
+            logs.update(self.correction.take_stats())
+
+
+def correction_for(trainer, grpo, model_path: str, publisher, turns_fn) -> OffPolicyCorrection:
+    """The run's :class:`OffPolicyCorrection` around ``trainer.rollout_queue``: a history that
+    follows the publisher's bucket keeping ``max_staleness`` versions, models of
+    ``model_path``'s architecture, the trainer's own model for ``tis``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from deltasync.subscriber import DeltaSubscriber
+
+    history = VersionHistory(DeltaSubscriber(publisher.store), keep=grpo.max_staleness)
+    config = AutoConfig.from_pretrained(model_path)
+    policy = GeneratingPolicy(lambda: AutoModelForCausalLM.from_config(config), history)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+
+    def newest() -> int | None:
+        return publisher.published[-1].version if publisher.published else None
+
+    loss = OffPolicyLoss(grpo.off_policy, cap=grpo.tis_cap)
+    return OffPolicyCorrection(
+        trainer.rollout_queue,
+        loss,
+        policy,
+        turns_fn,
+        lambda ids: token_log_probs(model, ids),
+        newest,
+    )
