@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import VersionNotKeptError
+from .errors import DeltaSyncError, VersionNotKeptError
 from .subscriber import DeltaSubscriber, HeldWeights, Patch
 
 
@@ -64,9 +64,16 @@ class VersionHistory:
         versions, which are then no longer rebuildable.
 
         Raises:
-            the errors of ``DeltaSubscriber.sync`` (``held`` stays at the last verified version).
+            the errors of ``DeltaSubscriber.sync``. A refused step (a damaged or missing delta)
+            also forgets everything held: the next update re-plans from nothing, through the
+            newest anchor, as a new replica would.
         """
-        for step, applied in self.subscriber.sync(self.held):
+        try:
+            pulled = self.subscriber.sync(self.held)
+        except DeltaSyncError:
+            self.held, self._undo = HeldWeights(), OrderedDict()  # a step may have half-applied
+            raise
+        for step, applied in pulled:
             if step.kind == "anchor":
                 self._undo.clear()
                 continue

@@ -101,3 +101,39 @@ def test_a_history_that_joins_late_keeps_only_what_deltas_reached(run):
         assert all(np.array_equal(rebuilt[n], b) for n, b in published[v].items())
     with pytest.raises(ValueError, match="keep"):
         VersionHistory(DeltaSubscriber(uri), keep=-1)
+
+
+def test_a_damaged_delta_is_refused_and_the_history_starts_over_from_the_anchor(tmp_path):
+    """The publisher's delta of an anchored version is damaged in the bucket (as ``make e2e``
+    does): the update refuses it and forgets what it held; the next update takes the anchor."""
+    from deltasync.errors import DeltaCorruptError
+
+    gen = torch.Generator().manual_seed(1)
+    params = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+    uri = str(tmp_path / "bucket")
+    pub = DeltaPublisher(uri, run_id="h", config=PublisherConfig(anchor_every=3))
+    store = pub.store
+
+    def damage(entry):
+        if entry.version == 3:  # an anchor and a delta
+            path = entry.delta.files[0].path
+            data = bytearray(store.read_bytes(path))
+            data[len(data) // 2] ^= 0xFF
+            store.write_bytes(path, bytes(data))
+
+    pub.before_commit = damage
+    history = VersionHistory(DeltaSubscriber(uri), keep=3)
+    for v in range(4):
+        if v:
+            _step(params, gen)
+        pub.publish(params.items(), step=v)
+        pub.flush()
+        if v < 3:
+            history.update()
+    assert history.versions() == [0, 1, 2]
+    with pytest.raises(DeltaCorruptError):
+        history.update()
+    assert history.versions() == []  # forgotten: a step may have half-applied
+    assert history.update() == 3  # through v3's anchor
+    assert np.array_equal(history.weights_at(3)["layer.0.bias"], _bits(params)["layer.0.bias"])
+    pub.close()

@@ -30,6 +30,7 @@ def test_e2e_short(tmp_path, e2e_warm_start):
         ceiling_s=420,  # seconds of training; the plan took 213 s in CI (docs/BENCHMARKS.md section 7)
         **e2e_warm_start,
         eval_episodes=8,
+        off_policy="decoupled",  # stale samples weighed by their rebuilt generating versions
     )
     store = Store(str(tmp_path / "e2e" / "bucket"))
     metrics = TrainerMetrics.model_validate_json(store.read_bytes(TRAINER_METRICS_PATH))
@@ -39,6 +40,13 @@ def test_e2e_short(tmp_path, e2e_warm_start):
     # and the per-step log a user reads (runs/<run>/logs/steps.jsonl): one line per step
     steps_log = (tmp_path / "e2e" / "logs" / "steps.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in steps_log] == list(range(1, report["steps"] + 1))
+    # the off-policy correction ran through the kill, the restart and the damaged delta: most
+    # samples were scored under the versions that generated them, none stopped training
+    logged = [json.loads(line) for line in steps_log]
+    corrected = [r for r in logged if "offpolicy/weight_mean" in r]
+    assert len(corrected) >= len(logged) // 2, logged[-1]
+    assert all(0 < r["offpolicy/weight_mean"] <= 2.0 for r in corrected)
+    assert any(r["offpolicy/lag_mean"] > 0 for r in corrected)  # stale samples among them
     assert all(s.reward is not None and s.loss is not None for s in metrics.steps)
     versions = [s.version for s in metrics.steps]
     assert versions == sorted(versions) and versions[-1] > versions[0]  # one publish per step

@@ -157,7 +157,7 @@ class OffPolicyCorrection:
     def correct(self, sample) -> None:
         """Rewrite ``sample`` for the mode (in place) and record its statistics; a sample whose
         turns' versions are unknown, or no longer kept, is left as TRL made it (counted)."""
-        from deltasync.errors import VersionNotKeptError
+        from deltasync.errors import DeltaSyncError
 
         t0 = time.perf_counter()
         ids = np.asarray(sample.input_ids)
@@ -165,7 +165,8 @@ class OffPolicyCorrection:
         mask = np.asarray(sample.completion_mask).astype(bool) & (versions >= 0)
         try:
             gen = self.policy.log_probs(ids, np.where(mask, versions, -1))
-        except VersionNotKeptError:
+        except DeltaSyncError as e:  # not kept, or the history refused a damaged delta
+            log.warning("sample left uncorrected: %s", e)
             mask[:] = False
         if not mask.any():
             self._record(uncorrected=1, seconds=time.perf_counter() - t0)
