@@ -86,3 +86,18 @@ def test_the_local_replica_context_fits_the_model(tmp_path):
     for own, expected in ((2048, 2048), (8192, LOCAL_MAX_MODEL_LEN)):  # vLLM refuses more
         (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": own}))
         assert local_max_model_len(str(tmp_path)) == expected
+
+
+def test_a_relative_model_folder_reaches_the_replica_as_an_absolute_path(monkeypatch, tmp_path):
+    """The replica runs in its own folder: ``MODEL=runs/models/x`` (or the tool-template folder
+    under ``runs/cache``) read from there would be taken for a hub id (seen: HFValidationError
+    on ``runs/cache/tools-...`` when the hub warm start was skipped)."""
+    env = {}
+    monkeypatch.setattr(processes, "_spawn", lambda name, args, cwd, e, *rest: env.update(e))
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.json").write_text('{"max_position_embeddings": 512}')
+    monkeypatch.chdir(tmp_path)
+    processes.start_replica("file:///nowhere", "models/m", "/tmp")
+    assert env["MODEL"] == str(tmp_path / "models" / "m")
+    processes.start_replica("file:///nowhere", "Qwen/Qwen3-0.6B", "/tmp")  # a hub id: as is
+    assert env["MODEL"] == "Qwen/Qwen3-0.6B"

@@ -257,7 +257,11 @@ def start_replica(
     bucket: str, model: str, log_dir: str, replica_id: str = "local-0", extra_env=None
 ) -> Child:
     """A vLLM rollout replica following the run root ``bucket`` (a URI; not waited for); ``extra_env`` adds or
-    overrides its environment variables (see spaces/vllm-rollout/rollout/config.py)."""
+    overrides its environment variables (see spaces/vllm-rollout/rollout/config.py). A local
+    model folder is passed as an absolute path: the replica runs in its own folder, where a
+    relative one would be read as a hub id."""
+    if os.path.isdir(model):
+        model = os.path.abspath(model)
     port = free_port()
     env = {
         "BUCKET": bucket,
