@@ -6,6 +6,7 @@ sample whose versions are unknown is left as TRL made it."""
 
 from __future__ import annotations
 
+import queue
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +19,7 @@ from deltasync.publisher import DeltaPublisher
 from deltasync.subscriber import DeltaSubscriber
 from trainer.loop.generating_policy import (
     GeneratingPolicy,
+    batch_log_probs,
     OffPolicyCorrection,
     position_versions,
     token_log_probs,
@@ -79,6 +81,24 @@ def test_log_probs_come_from_each_turns_own_version(run):
     assert not np.allclose(want0[4:8], want2[4:8])  # the versions differ
 
 
+class _Queue:
+    """TRL's rollout queue: ``get`` blocks, ``get_nowait`` raises ``queue.Empty`` when empty."""
+
+    def __init__(self, samples):
+        self.items = list(samples)
+
+    def get(self, timeout=None):
+        if not self.items:
+            raise queue.Empty
+        return self.items.pop(0)
+
+    def get_nowait(self):
+        return self.get()
+
+    def qsize(self):
+        return len(self.items)
+
+
 def _sample(adv=1.0):
     mask = np.array([0, 1, 1, 1, 0, 1, 1, 1, 0, 0])
     return SimpleNamespace(
@@ -92,13 +112,13 @@ def _sample(adv=1.0):
 @pytest.mark.parametrize("mode", ["decoupled", "tis", "off"])
 def test_the_correction_rewrites_what_trls_loss_reads(run, mode):
     current = token_log_probs(_model_with(run, 2), IDS)
-    queue = SimpleNamespace(get=lambda: _sample())
+    queue = _Queue([_sample()])
     correction = OffPolicyCorrection(
         queue,
         OffPolicyLoss(mode),
         run.policy,
         lambda ids: [(4, 0), (8, 1)],
-        lambda ids: current,
+        lambda seqs: [current for _ in seqs],
         lambda: 2,
     )
     s = correction.get()
@@ -118,10 +138,58 @@ def test_the_correction_rewrites_what_trls_loss_reads(run, mode):
 
 
 def test_a_sample_whose_versions_are_unknown_is_left_as_trl_made_it(run):
-    queue = SimpleNamespace(get=lambda: _sample(0.5))
+    queue = _Queue([_sample(0.5)])
     correction = OffPolicyCorrection(
-        queue, OffPolicyLoss("decoupled"), run.policy, lambda ids: [], lambda ids: None, lambda: 2
+        queue, OffPolicyLoss("decoupled"), run.policy, lambda ids: [], lambda seqs: None, lambda: 2
     )
     s = correction.get()
     assert s.advantage == 0.5 and (s.old_log_probs == -2.0).all()
     assert correction.take_stats()["offpolicy/uncorrected"] == 1.0
+
+
+def test_a_batched_forward_scores_each_sequence_as_its_own_forward(run, monkeypatch):
+    import trainer.loop.generating_policy as gp
+
+    model = _model_with(run, 1)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 128, n) for n in (10, 3, 17, 8, 17, 2)]
+    alone = [token_log_probs(model, s) for s in seqs]
+    # a budget of 40 tokens of logits: chunks of several sequences, the longest padded to
+    monkeypatch.setattr(gp, "LOGITS_BUDGET_BYTES", 40 * 4 * 128)
+    for batched, want in zip(batch_log_probs(model, seqs), alone):
+        assert batched.shape == want.shape and np.isnan(batched[0])
+        np.testing.assert_allclose(batched[1:], want[1:], rtol=0, atol=1e-5)
+
+
+def test_queued_samples_are_corrected_together_and_handed_out_in_order(run):
+    samples = [_sample(float(i + 1)) for i in range(5)]
+    inner = _Queue(samples)
+    calls = []
+    policy = run.policy
+    many = policy.log_probs_many
+
+    class Counting:
+        def model_at(self, v):
+            return policy.model_at(v)
+
+        def log_probs_many(self, items):
+            calls.append(len(items))
+            return many(items)
+
+    correction = OffPolicyCorrection(
+        inner, OffPolicyLoss("decoupled"), Counting(), lambda ids: [(4, 0), (8, 1)],
+        lambda seqs: None, lambda: 2, batch=3,
+    )
+    got = [correction.get() for _ in range(2)]
+    assert calls == [3]  # three taken at once, one batched recomputation
+    assert correction.qsize() == 3  # one corrected and waiting, two still in TRL's queue
+    got += [correction.get() for _ in range(3)]
+    assert calls == [3, 2]
+    assert got == samples  # the same objects, in queue order
+    one = _sample(1.0)
+    OffPolicyCorrection(
+        _Queue([one]), OffPolicyLoss("decoupled"), policy, lambda ids: [(4, 0), (8, 1)],
+        lambda seqs: None, lambda: 2,
+    ).get()
+    assert got[0].advantage == one.advantage  # corrected as a sample alone would be
+    np.testing.assert_allclose(got[0].old_log_probs, one.old_log_probs, rtol=0, atol=1e-5)
