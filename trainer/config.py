@@ -177,6 +177,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
             "bf16",
             "off_policy",
             "tis_cap",
+            "off_policy_stats",
         )
     },
     "anchor_every": ("publish", "anchor_every", None),

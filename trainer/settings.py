@@ -216,6 +216,9 @@ class GRPOSettings:
             importance weight on the trainer-inference mismatch), ``decoupled`` (PPO's ratio
             against the generating version, rebuilt from the bucket, times that weight).
         tis_cap: the truncation of the mismatch weight (Yao et al. 2025: 2).
+        off_policy_stats: with ``off_policy="off"``, still rebuild each sample's generating
+            policy and log the ``offpolicy/*`` statistics (drift and mismatch by version lag)
+            without changing the loss: the recomputation's cost, for comparing modes.
     """
 
     max_steps: int = 55
@@ -234,6 +237,7 @@ class GRPOSettings:
     bf16: bool = False
     off_policy: str = "off"
     tis_cap: float = 2.0
+    off_policy_stats: bool = False
 
     def __post_init__(self) -> None:
         if self.off_policy not in OFF_POLICY_MODES or not self.tis_cap > 1:

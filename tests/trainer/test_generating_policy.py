@@ -111,6 +111,8 @@ def _sample(adv=1.0):
 
 @pytest.mark.parametrize("mode", ["decoupled", "tis", "off"])
 def test_the_correction_rewrites_what_trls_loss_reads(run, mode):
+    """``off`` (installed with ``off_policy_stats``) records the statistics and changes
+    nothing."""
     current = token_log_probs(_model_with(run, 2), IDS)
     queue = _Queue([_sample()])
     correction = OffPolicyCorrection(
@@ -123,18 +125,26 @@ def test_the_correction_rewrites_what_trls_loss_reads(run, mode):
     )
     s = correction.get()
     mask = s.completion_mask.astype(bool)
+    gen = run.policy.log_probs(IDS, position_versions(10, [(4, 0), (8, 1)]))
+    w = min(float(np.exp(np.mean(gen[mask] + 2.0))), 2.0)
+    stats = correction.take_stats()
+    assert stats["offpolicy/weight_mean"] == pytest.approx(w)
+    assert stats["offpolicy/lag_mean"] == pytest.approx((2 * 3 + 1 * 3) / 6)
+    # the drift by lag: tokens 1-3 came from v0 (2 behind v2), tokens 5-7 from v1 (1 behind)
+    for lag, tokens in ((2, [1, 2, 3]), (1, [5, 6, 7])):
+        x = current[tokens] - gen[tokens]
+        assert stats[f"offpolicy/kl_drift_lag{lag}"] == pytest.approx(np.mean(np.exp(x) - 1 - x))
+        assert stats[f"offpolicy/tokens_lag{lag}"] == 3
+    assert stats["offpolicy/kl_drift_lag2"] > stats["offpolicy/kl_drift_lag1"] > 0
+    x = gen[mask] + 2.0
+    assert stats["offpolicy/kl_mismatch"] == pytest.approx(np.mean(np.exp(x) - 1 - x))
     if mode == "off":
         assert (s.old_log_probs == -2.0).all() and s.advantage == 1.0
         return
-    gen = run.policy.log_probs(IDS, position_versions(10, [(4, 0), (8, 1)]))
-    w = min(float(np.exp(np.mean(gen[mask] + 2.0))), 2.0)
     assert s.advantage == pytest.approx(w)
     want = gen if mode == "decoupled" else current
     assert np.array_equal(s.old_log_probs[mask], want[mask].astype(np.float32))
     assert (s.old_log_probs[~mask] == -2.0).all()  # prompt and tool tokens untouched
-    stats = correction.take_stats()
-    assert stats["offpolicy/weight_mean"] == pytest.approx(w)
-    assert stats["offpolicy/lag_mean"] == pytest.approx((2 * 3 + 1 * 3) / 6)
 
 
 def test_a_sample_whose_versions_are_unknown_is_left_as_trl_made_it(run):
@@ -176,9 +186,10 @@ def test_queued_samples_are_corrected_together_and_handed_out_in_order(run):
             calls.append(len(items))
             return many(items)
 
+    current = lambda seqs: [np.zeros(len(s), dtype=np.float32) for s in seqs]  # noqa: E731
     correction = OffPolicyCorrection(
         inner, OffPolicyLoss("decoupled"), Counting(), lambda ids: [(4, 0), (8, 1)],
-        lambda seqs: None, lambda: 2, batch=3,
+        current, lambda: 2, batch=3,
     )
     got = [correction.get() for _ in range(2)]
     assert calls == [3]  # three taken at once, one batched recomputation
@@ -189,7 +200,7 @@ def test_queued_samples_are_corrected_together_and_handed_out_in_order(run):
     one = _sample(1.0)
     OffPolicyCorrection(
         _Queue([one]), OffPolicyLoss("decoupled"), policy, lambda ids: [(4, 0), (8, 1)],
-        lambda seqs: None, lambda: 2,
+        current, lambda: 2,
     ).get()
     assert got[0].advantage == one.advantage  # corrected as a sample alone would be
     np.testing.assert_allclose(got[0].old_log_probs, one.old_log_probs, rtol=0, atol=1e-5)

@@ -37,7 +37,7 @@ import torch
 from transformers import TrainerCallback
 
 from deltasync.history import VersionHistory
-from trainer.loop.off_policy import OffPolicyLoss
+from trainer.loop.off_policy import OffPolicyLoss, k3
 
 log = logging.getLogger("trainer.loop.generating_policy")
 
@@ -215,8 +215,6 @@ class OffPolicyCorrection:
         self._lock = threading.Lock()
 
     def get(self, *args, **kwargs):
-        if self.loss.mode == "off":
-            return self._inner.get(*args, **kwargs)
         if not self._ready:
             samples = [self._inner.get(*args, **kwargs)]
             while len(samples) < self.batch:
@@ -257,7 +255,7 @@ class OffPolicyCorrection:
                         m[:] = False
         todo = [i for i, m in enumerate(masks) if m.any()]
         gens = self.policy.log_probs_many([(ids[i], np.where(masks[i], versions[i], -1)) for i in todo])
-        currents = self.current_fn([ids[i] for i in todo]) if self.loss.mode == "tis" else None
+        currents = self.current_fn([ids[i] for i in todo])  # the drift's statistics; tis's ratio
         newest = self.newest_fn()
         seconds = (time.perf_counter() - t0) / len(samples)
         for i in set(range(len(samples))) - set(todo):
@@ -267,18 +265,24 @@ class OffPolicyCorrection:
             sampled = np.asarray(sample.old_log_probs, dtype=np.float32)
             log_mismatch = float(np.mean(gen[mask] - sampled[mask]))
             weight = min(math.exp(log_mismatch), self.loss.cap)
-            # decoupled: the ratio against the generating policy; tis: against the current one
-            new_old = gen if self.loss.mode == "decoupled" else currents[j]
-            sample.old_log_probs = np.where(mask, new_old, sampled).astype(sampled.dtype)
-            sample.advantage = float(sample.advantage) * weight
             lags = (newest - versions[i][mask]) if newest is not None else np.zeros(int(mask.sum()))
+            drift = k3(currents[j][mask] - gen[mask])
             self._record(
                 weight=weight,
                 truncated=float(math.exp(log_mismatch) > self.loss.cap),
                 mismatch_max=float(np.exp(np.max(gen[mask] - sampled[mask]))),
+                kl_mismatch=float(np.mean(k3(gen[mask] - sampled[mask]))),
                 lag_mean=float(np.mean(lags)),
+                drift_by_lag={int(k): (float(drift[lags == k].sum()), int((lags == k).sum()))
+                              for k in np.unique(lags)},
                 seconds=seconds,
             )
+            if self.loss.mode == "off":  # statistics only (``off_policy_stats``)
+                continue
+            # decoupled: the ratio against the generating policy; tis: against the current one
+            new_old = gen if self.loss.mode == "decoupled" else currents[j]
+            sample.old_log_probs = np.where(mask, new_old, sampled).astype(sampled.dtype)
+            sample.advantage = float(sample.advantage) * weight
 
     def _record(self, **row) -> None:
         with self._lock:
@@ -287,8 +291,10 @@ class OffPolicyCorrection:
     def take_stats(self) -> dict[str, float]:
         """The statistics since the last call (one step's samples): ``offpolicy/weight_mean``,
         ``weight_min``, ``truncated`` (share of samples capped), ``mismatch_max`` (largest token
-        ratio pi_gen / pi_vLLM), ``lag_mean`` (versions), ``uncorrected`` (samples left as TRL
-        made them) and ``seconds`` (the recomputation's time)."""
+        ratio pi_gen / pi_vLLM), ``kl_mismatch`` (k3 of pi_vLLM -> pi_gen per token), ``lag_mean``
+        (versions), per version lag k ``kl_drift_lag{k}`` (k3 of pi_gen -> pi_theta per token, on
+        the ``tokens_lag{k}`` tokens generated k versions before the newest), ``uncorrected``
+        (samples left as TRL made them) and ``seconds`` (the recomputation's time)."""
         with self._lock:
             rows, self._stats = self._stats, []
         done = [r for r in rows if "weight" in r]
@@ -303,9 +309,18 @@ class OffPolicyCorrection:
                     "offpolicy/weight_min": float(np.min([r["weight"] for r in done])),
                     "offpolicy/truncated": float(np.mean([r["truncated"] for r in done])),
                     "offpolicy/mismatch_max": float(np.max([r["mismatch_max"] for r in done])),
+                    "offpolicy/kl_mismatch": float(np.mean([r["kl_mismatch"] for r in done])),
                     "offpolicy/lag_mean": float(np.mean([r["lag_mean"] for r in done])),
                 }
             )
+            by_lag: dict[int, list[float]] = {}
+            for r in done:
+                for lag, (total, count) in r["drift_by_lag"].items():
+                    acc = by_lag.setdefault(lag, [0.0, 0])
+                    acc[0], acc[1] = acc[0] + total, acc[1] + count
+            for lag, (total, count) in sorted(by_lag.items()):
+                out[f"offpolicy/kl_drift_lag{lag}"] = total / count
+                out[f"offpolicy/tokens_lag{lag}"] = float(count)
         return out
 
     def __getattr__(self, name):  # put_nowait, qsize, ... unchanged

@@ -126,7 +126,8 @@ def build_trainer(
         trainer.add_callback(SpellingTiedRows(model, trainer.processing_class))
     if grpo.scale_rewards == "none" and trainer.rollout_queue is not None:
         trainer.rollout_queue = CentredAdvantages(trainer.rollout_queue)
-    if grpo.off_policy != "off" and trainer.rollout_queue is not None and publisher is not None:
+    corrects = grpo.off_policy != "off" or grpo.off_policy_stats
+    if corrects and trainer.rollout_queue is not None and publisher is not None:
         from trainer.loop.generating_policy import CorrectionStats, correction_for
 
         correction = correction_for(trainer, grpo, model_path, publisher, turn_versions_fn)

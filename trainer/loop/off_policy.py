@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from trainer.settings import OFF_POLICY_MODES as MODES
@@ -145,6 +146,15 @@ class OffPolicyLoss:
         return torch.where(mask, loss, torch.zeros_like(loss)), stats
 
 
+def k3(log_ratio):
+    """Schulman's k3 estimate of KL(q || p) per token, from ``log_ratio = log p - log q`` on
+    tokens drawn from q: ``exp(x) - 1 - x`` (unbiased, never negative; J. Schulman,
+    "Approximating KL divergence", 2020, joschu.net/blog/kl-approx.html). Elementwise on a
+    numpy array or a tensor. Drift: q = pi_gen, p = pi_theta; mismatch: q = pi_vLLM, p = pi_gen."""
+    exp = torch.exp if torch.is_tensor(log_ratio) else np.exp
+    return exp(log_ratio) - 1 - log_ratio
+
+
 def kl_by_lag(
     log_probs: torch.Tensor, gen_log_probs: torch.Tensor, lags: torch.Tensor
 ) -> dict[int, float]:
@@ -158,6 +168,5 @@ def kl_by_lag(
         {lag: mean KL estimate over its tokens}, lags in ascending order.
     """
     with torch.no_grad():
-        log_r = log_probs.detach() - gen_log_probs
-        k3 = torch.exp(log_r) - 1 - log_r
-        return {int(lag): float(k3[lags == lag].mean()) for lag in torch.unique(lags).tolist()}
+        kl = k3(log_probs.detach() - gen_log_probs)
+        return {int(lag): float(kl[lags == lag].mean()) for lag in torch.unique(lags).tolist()}
