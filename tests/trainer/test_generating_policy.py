@@ -6,6 +6,7 @@ sample whose versions are unknown is left as TRL made it."""
 
 from __future__ import annotations
 
+import copy
 import queue
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ from deltasync.subscriber import DeltaSubscriber
 from trainer.loop.generating_policy import (
     GeneratingPolicy,
     batch_log_probs,
+    current_policy_fn,
     OffPolicyCorrection,
     position_versions,
     token_log_probs,
@@ -204,3 +206,23 @@ def test_queued_samples_are_corrected_together_and_handed_out_in_order(run):
     ).get()
     assert got[0].advantage == one.advantage  # corrected as a sample alone would be
     np.testing.assert_allclose(got[0].old_log_probs, one.old_log_probs, rtol=0, atol=1e-5)
+
+
+def test_the_current_policy_is_scored_under_trls_tree_attention(run):
+    """The trained model carries TRL's packed tree attention, which a plain forward cannot call
+    (found by the first ``tis`` run); the current policy's scores equal a plain model's, and the
+    model gets its attention and its training mode back."""
+    from trl.experimental.async_grpo.packing import TREE_ATTENTION, register_tree_attention
+
+    register_tree_attention()
+    plain = _model_with(run, 2)
+    trained = AutoModelForCausalLM.from_config(copy.deepcopy(run.config))  # its own config
+    trained.load_state_dict(run.weights[2], strict=False)
+    trained.set_attn_implementation(TREE_ATTENTION)
+    trained.train()
+    with pytest.raises(TypeError, match="tree_kv_index"):
+        token_log_probs(trained, IDS)  # what the run met
+    got = current_policy_fn(trained)([IDS, IDS[:5]])
+    assert np.array_equal(got[0][1:], token_log_probs(plain, IDS)[1:])
+    assert np.array_equal(got[1][1:], token_log_probs(plain, IDS[:5])[1:])
+    assert trained.config._attn_implementation == TREE_ATTENTION and trained.training

@@ -359,10 +359,27 @@ def correction_for(trainer, grpo, model_path: str, publisher, turns_fn) -> OffPo
 
     loss = OffPolicyLoss(grpo.off_policy, cap=grpo.tis_cap)
     return OffPolicyCorrection(
-        trainer.rollout_queue,
-        loss,
-        policy,
-        turns_fn,
-        lambda seqs: batch_log_probs(model, seqs),
-        newest,
+        trainer.rollout_queue, loss, policy, turns_fn, current_policy_fn(model), newest
     )
+
+
+def current_policy_fn(model) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """``f(sequences) -> batch_log_probs(model, sequences)`` for the model being trained.
+
+    TRL's AsyncGRPO trainer sets the model's attention to its packed tree attention
+    (``trl.experimental.async_grpo.packing.TREE_ATTENTION``), which needs the packing's index
+    arguments that a plain forward does not pass; ``f`` runs the forward with PyTorch's SDPA and
+    in eval mode, and puts back the attention and the training mode after it. It runs in the
+    thread that iterates TRL's dataset, between the steps' forwards, never beside one."""
+
+    def current(sequences: list[np.ndarray]) -> list[np.ndarray]:
+        attention, training = model.config._attn_implementation, model.training
+        model.set_attn_implementation("sdpa")
+        model.eval()
+        try:
+            return batch_log_probs(model, sequences)
+        finally:
+            model.set_attn_implementation(attention)
+            model.train(training)
+
+    return current
