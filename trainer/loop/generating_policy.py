@@ -42,54 +42,72 @@ from trainer.loop.off_policy import OffPolicyLoss, k3
 log = logging.getLogger("trainer.loop.generating_policy")
 
 
-def token_log_probs(model, input_ids: np.ndarray) -> np.ndarray:
-    """float32[L]: ``log p(ids[p] | ids[:p])`` under ``model`` for p >= 1 (position 0: NaN),
-    one forward without gradient."""
-    return batch_log_probs(model, [input_ids])[0]
-
-
-# Logits bytes one forward may hold (float32 [tokens, vocab]): 256 MiB, about 13,000 tokens of the
-# local model's 5,056-entry vocabulary and 1,365 of SmolLM2's 49,152.
+# Tokens one decoder forward takes (rows x padded width), and the logits bytes one LM-head slice
+# may hold (float32 [positions, vocab]: 256 MiB is ~13,000 positions of the local model's 5,056-
+# entry vocabulary, 1,365 of SmolLM2's 49,152).
+FORWARD_TOKENS = 16384
 LOGITS_BUDGET_BYTES = 256 * 2**20
 
 
-def batch_log_probs(model, sequences: list[np.ndarray]) -> list[np.ndarray]:
-    """``token_log_probs`` of each sequence, the sequences right-padded into as few forwards as
-    ``LOGITS_BUDGET_BYTES`` allows (a sequence longer than the budget gets a forward alone).
+def batch_log_probs(
+    model, sequences: list[np.ndarray], wanted: list[np.ndarray] | None = None
+) -> list[np.ndarray]:
+    """``token_log_probs`` of each sequence at its ``wanted`` positions, in few forwards.
 
-    Right padding with an attention mask leaves every real position's causal context unchanged;
-    the values equal the one-sequence forward's up to float32 summation order (about 1e-6).
+    The sequences, shortest first, are right-padded into decoder forwards of at most
+    ``FORWARD_TOKENS`` tokens (a longer sequence gets a forward alone); right padding with an
+    attention mask leaves every real position's causal context as it was. Only the positions
+    scored go through the LM head (``model.get_output_embeddings()`` on the decoder's last
+    hidden state, ``LOGITS_BUDGET_BYTES`` of logits at a time), as TRL's own loss scores only the
+    trained positions: in a Wordle episode ~89% of the positions are prompt and tool text. This
+    is the logits of causal LMs whose head is that linear map (Qwen, Llama, SmolLM2, Mistral);
+    the values equal a whole forward's up to float32 summation order (about 1e-6).
 
     Args:
-        model: a causal LM (``model(input_ids=, attention_mask=).logits``: [B, L, vocab]).
+        model: a causal LM (``get_decoder()``, ``get_output_embeddings()``).
         sequences: token ids, int[L_i] each.
+        wanted: bool[L_i] per sequence, the positions p >= 1 to score (None: all).
 
     Returns:
-        float32[L_i] per sequence, in order (position 0: NaN).
+        float32[L_i] per sequence, in order: ``log p(ids[p] | ids[:p])`` where wanted, else NaN.
     """
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    budget = max(1, LOGITS_BUDGET_BYTES // (4 * vocab))
+    wanted = wanted if wanted is not None else [np.arange(len(s)) > 0 for s in sequences]
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    budget = max(1, LOGITS_BUDGET_BYTES // (4 * int(head.weight.shape[0])))
+    device = next(model.parameters()).device
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    out: list[np.ndarray | None] = [None] * len(sequences)
+    out = [np.full(len(s), np.nan, dtype=np.float32) for s in sequences]
     start = 0
     while start < len(order):
         end = start + 1  # sorted by length: the chunk's last sequence is its longest
-        while end < len(order) and (end + 1 - start) * len(sequences[order[end]]) <= budget:
+        while end < len(order) and (end + 1 - start) * len(sequences[order[end]]) <= FORWARD_TOKENS:
             end += 1
-        chunk = [np.asarray(sequences[i]) for i in order[start:end]]
-        width = max(len(c) for c in chunk)
-        device = next(model.parameters()).device
-        ids = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
-        attention = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
-        for row, c in enumerate(chunk):
-            ids[row, : len(c)] = torch.as_tensor(c, dtype=torch.long)
-            attention[row, : len(c)] = 1
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-            lp = torch.log_softmax(logits, dim=-1).gather(2, ids[:, 1:, None])[..., 0]
-        for row, i in enumerate(order[start:end]):
-            n = len(chunk[row])
-            out[i] = np.concatenate([[np.nan], lp[row, : n - 1].cpu().numpy()]).astype(np.float32)
+        rows = order[start:end]
+        width = max(len(sequences[i]) for i in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, i in enumerate(rows):
+            ids[r, : len(sequences[i])] = torch.as_tensor(np.asarray(sequences[i]), dtype=torch.long)
+            attention[r, : len(sequences[i])] = 1
+        # scored (row, p): the hidden state at p - 1 predicts the token at p
+        at = [(r, p) for r, i in enumerate(rows) for p in np.flatnonzero(wanted[i]) if p >= 1]
+        if at:
+            row = torch.tensor([r for r, _ in at])
+            pos = torch.tensor([int(p) for _, p in at])
+            with torch.no_grad():
+                hidden = decoder(
+                    input_ids=ids.to(device), attention_mask=attention.to(device)
+                ).last_hidden_state[row.to(device), (pos - 1).to(device)]
+                targets = ids[row, pos].to(device)
+                lp = torch.cat(
+                    [
+                        torch.log_softmax(head(hidden[k : k + budget]).float(), dim=-1)
+                        .gather(1, targets[k : k + budget, None])[:, 0]
+                        for k in range(0, len(at), budget)
+                    ]
+                ).cpu().numpy()
+            for k, (r, p) in enumerate(at):
+                out[rows[r]][p] = lp[k]
         start = end
     return out
 
@@ -172,9 +190,9 @@ class GeneratingPolicy:
         wanted = sorted({int(v) for _, versions in items for v in versions[versions >= 0]})
         for v in wanted:
             rows = [i for i, (_, versions) in enumerate(items) if (versions == v).any()]
-            lps = batch_log_probs(self.model_at(v), [items[i][0] for i in rows])
-            for i, lp in zip(rows, lps):
-                here = items[i][1] == v
+            wanted = [items[i][1] == v for i in rows]
+            lps = batch_log_probs(self.model_at(v), [items[i][0] for i in rows], wanted)
+            for i, lp, here in zip(rows, lps, wanted):
                 out[i][here] = lp[here]
         return out
 
@@ -198,8 +216,9 @@ class OffPolicyCorrection:
         policy: :class:`GeneratingPolicy`.
         turns_fn: a sample's token ids -> its turns ``(end, bucket version)``
             (``trainer.fleet.affinity.EpisodeAffinity.turn_versions``).
-        current_fn: ``f([int[L_i], ...]) -> [float32[L_i], ...]``: the current policy's
-            log-probabilities (for ``tis``).
+        current_fn: ``f([int[L_i], ...], [bool[L_i], ...]) -> [float32[L_i], ...]``: the
+            current policy's log-probabilities at the given positions (the drift's statistics;
+            ``tis``'s ratio).
         newest_fn: ``f() -> int | None``: the newest published version (for the lag).
         batch: the most samples corrected together (a bound on how far the buffer runs ahead
             of TRL's reads).
@@ -255,7 +274,7 @@ class OffPolicyCorrection:
                         m[:] = False
         todo = [i for i, m in enumerate(masks) if m.any()]
         gens = self.policy.log_probs_many([(ids[i], np.where(masks[i], versions[i], -1)) for i in todo])
-        currents = self.current_fn([ids[i] for i in todo])  # the drift's statistics; tis's ratio
+        currents = self.current_fn([ids[i] for i in todo], [masks[i] for i in todo])
         newest = self.newest_fn()
         seconds = (time.perf_counter() - t0) / len(samples)
         for i in set(range(len(samples))) - set(todo):
@@ -363,8 +382,9 @@ def correction_for(trainer, grpo, model_path: str, publisher, turns_fn) -> OffPo
     )
 
 
-def current_policy_fn(model) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-    """``f(sequences) -> batch_log_probs(model, sequences)`` for the model being trained.
+def current_policy_fn(model) -> Callable:
+    """``f(sequences, wanted) -> batch_log_probs(model, sequences, wanted)`` for the model being
+    trained.
 
     TRL's AsyncGRPO trainer sets the model's attention to its packed tree attention
     (``trl.experimental.async_grpo.packing.TREE_ATTENTION``), which needs the packing's index
@@ -372,12 +392,12 @@ def current_policy_fn(model) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     in eval mode, and puts back the attention and the training mode after it. It runs in the
     thread that iterates TRL's dataset, between the steps' forwards, never beside one."""
 
-    def current(sequences: list[np.ndarray]) -> list[np.ndarray]:
+    def current(sequences: list[np.ndarray], wanted: list[np.ndarray]) -> list[np.ndarray]:
         attention, training = model.config._attn_implementation, model.training
         model.set_attn_implementation("sdpa")
         model.eval()
         try:
-            return batch_log_probs(model, sequences)
+            return batch_log_probs(model, sequences, wanted)
         finally:
             model.set_attn_implementation(attention)
             model.train(training)
