@@ -113,6 +113,14 @@ class TrainConfig:
         if self.grpo.tie_answer_rows is None:
             self.grpo.tie_answer_rows = tiny and full
         self.warm_start = dataclasses.replace(self.warm_start, seed=self.run.seed)  # one seed
+        rebuilds = self.grpo.off_policy != "off" or self.grpo.off_policy_stats
+        if rebuilds and not full:
+            raise AdapterConfigError(
+                f"--off-policy {self.grpo.off_policy} (or --off-policy-stats true) with --adapter "
+                f"{self.adapter.kind}: expected a full-weight run, found an adapter run; the "
+                "generating policy is rebuilt from full-weight versions only. Use --off-policy "
+                "off for adapter runs"
+            )
 
     @classmethod
     def from_flags(cls, **flags) -> TrainConfig:

@@ -164,6 +164,18 @@ def test_bad_adapter_settings_are_refused(env, capsys, settings, expected):
     assert exit_.value.code == 2 and expected in capsys.readouterr().err.replace("\n", " ")
 
 
+@pytest.mark.parametrize("flags", [["--off-policy", "decoupled"], ["--off-policy-stats", "true"]])
+def test_an_adapter_run_is_refused_a_rebuilt_generating_policy(env, capsys, flags):
+    """The generating policy is rebuilt from full-weight versions; an adapter run asking for it
+    stops before anything starts, saying what to use instead."""
+    with pytest.raises(SystemExit) as exit_:
+        from_args(["--adapter", "lora", *flags])
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert exit_.value.code == 2 and "expected a full-weight run, found an adapter run" in err
+    assert "Use --off-policy off for adapter runs" in err
+    assert from_args(flags).grpo.off_policy_stats == (flags[0] == "--off-policy-stats")
+
+
 def test_an_evaluation_larger_than_the_held_out_set_is_refused():
     """Every evaluation game plays a held-out word: asking for more games than there are held-out
     seeds fails before anything starts, naming the limit."""
