@@ -247,3 +247,22 @@ def test_the_current_policy_is_scored_under_trls_tree_attention(run):
     close(got[0][1:], token_log_probs(plain, IDS)[1:])
     close(got[1][1:], token_log_probs(plain, IDS[:5])[1:])
     assert trained.config._attn_implementation == TREE_ATTENTION and trained.training
+
+
+@pytest.mark.parametrize("mode, scored", [("decoupled", 3), ("off", 3), ("tis", 5)])
+def test_the_drift_is_scored_on_one_sample_in_drift_every_unless_tis_needs_all(run, mode, scored):
+    asked = []
+
+    def current(seqs, wanted):
+        asked.extend(seqs)
+        return [np.zeros(len(s), dtype=np.float32) for s in seqs]
+
+    correction = OffPolicyCorrection(
+        _Queue([_sample() for _ in range(5)]), OffPolicyLoss(mode), run.policy,
+        lambda ids: [(4, 0), (8, 1)], current, lambda: 2, batch=5, drift_every=2,
+    )
+    [correction.get() for _ in range(5)]
+    assert len(asked) == scored  # samples 0, 2, 4 (or all five for tis's ratio)
+    stats = correction.take_stats()
+    # each scored sample: 3 tokens from v0 (2 behind), 3 from v1 (1 behind)
+    assert stats["offpolicy/tokens_lag2"] == stats["offpolicy/tokens_lag1"] == 3 * scored

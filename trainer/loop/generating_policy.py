@@ -222,13 +222,16 @@ class OffPolicyCorrection:
         newest_fn: ``f() -> int | None``: the newest published version (for the lag).
         batch: the most samples corrected together (a bound on how far the buffer runs ahead
             of TRL's reads).
+        drift_every: the drift's statistics (``kl_drift_lag*``) score one sample in this many
+            under the current policy (one forward over all of them costs about as much as the
+            generating policy's; ``tis`` scores every sample, its ratio needs them).
     """
 
     def __init__(self, inner, loss: OffPolicyLoss, policy, turns_fn, current_fn, newest_fn,
-                 batch: int = 16):
+                 batch: int = 16, drift_every: int = 4):
         self._inner, self.loss, self.policy = inner, loss, policy
         self.turns_fn, self.current_fn, self.newest_fn = turns_fn, current_fn, newest_fn
-        self.batch = batch
+        self.batch, self.drift_every, self._seen = batch, drift_every, 0
         self._ready: deque = deque()
         self._stats: list[dict] = []
         self._lock = threading.Lock()
@@ -274,7 +277,15 @@ class OffPolicyCorrection:
                         m[:] = False
         todo = [i for i, m in enumerate(masks) if m.any()]
         gens = self.policy.log_probs_many([(ids[i], np.where(masks[i], versions[i], -1)) for i in todo])
-        currents = self.current_fn([ids[i] for i in todo], [masks[i] for i in todo])
+        # the current policy: every sample for tis's ratio, else every drift_every-th (statistics)
+        scored = [
+            j for j, _ in enumerate(todo)
+            if self.loss.mode == "tis" or (self._seen + j) % self.drift_every == 0
+        ]
+        self._seen += len(todo)
+        currents = dict(zip(scored, self.current_fn(
+            [ids[todo[j]] for j in scored], [masks[todo[j]] for j in scored]
+        ))) if scored else {}
         newest = self.newest_fn()
         seconds = (time.perf_counter() - t0) / len(samples)
         for i in set(range(len(samples))) - set(todo):
@@ -285,15 +296,17 @@ class OffPolicyCorrection:
             log_mismatch = float(np.mean(gen[mask] - sampled[mask]))
             weight = min(math.exp(log_mismatch), self.loss.cap)
             lags = (newest - versions[i][mask]) if newest is not None else np.zeros(int(mask.sum()))
-            drift = k3(currents[j][mask] - gen[mask])
+            drift = k3(currents[j][mask] - gen[mask]) if j in currents else None
             self._record(
                 weight=weight,
                 truncated=float(math.exp(log_mismatch) > self.loss.cap),
                 mismatch_max=float(np.exp(np.max(gen[mask] - sampled[mask]))),
                 kl_mismatch=float(np.mean(k3(gen[mask] - sampled[mask]))),
                 lag_mean=float(np.mean(lags)),
-                drift_by_lag={int(k): (float(drift[lags == k].sum()), int((lags == k).sum()))
-                              for k in np.unique(lags)},
+                drift_by_lag={} if drift is None else {
+                    int(k): (float(drift[lags == k].sum()), int((lags == k).sum()))
+                    for k in np.unique(lags)
+                },
                 seconds=seconds,
             )
             if self.loss.mode == "off":  # statistics only (``off_policy_stats``)
