@@ -11,7 +11,8 @@ recomputation and logs the same ``offpolicy/*`` statistics; ``off`` leaves TRL's
 ``--max-staleness 12`` keeps every sample of the k = 8 runs. Held-out: the 512 evaluation seeds
 before and after, paired per game (``summary.json``'s ``eval_paired``).
 
-    .venv/bin/python bench/bench_lag_modes.py --run      # the runs (~8-10 min each on 2 cores)
+    .venv/bin/python bench/bench_lag_modes.py --run      # the runs (~8 min each on 2 cores)
+    .venv/bin/python bench/bench_lag_modes.py --run --repeat 8:off:2,8:decoupled:2   # + repeats
     .venv/bin/python bench/bench_lag_modes.py            # the table from runs/lag-*/
 
 Runs already finished (``runs/lag-s<k>-<mode>/summary.json``) are not run again.
@@ -35,30 +36,41 @@ STEPS = 30
 EPISODES = 512
 
 
-def run_id(lag: int, mode: str) -> str:
-    """The run's id (and folder under ``runs/``) for one cell."""
-    return f"lag-s{lag}-{mode}"
+def run_id(lag: int, mode: str, repeat: int = 1) -> str:
+    """The run's id (and folder under ``runs/``) for one cell and repeat."""
+    return f"lag-s{lag}-{mode}" + (f"-r{repeat}" if repeat > 1 else "")
 
 
-def command(lag: int, mode: str) -> list[str]:
-    """The trainer command of one cell."""
-    cmd = [sys.executable, "-m", "trainer", "--run-id", run_id(lag, mode)]
+def command(lag: int, mode: str, repeat: int = 1) -> list[str]:
+    """The trainer command of one cell (a repeat runs the same command under another id)."""
+    cmd = [sys.executable, "-m", "trainer", "--run-id", run_id(lag, mode, repeat)]
     cmd += ["--max-steps", str(STEPS), "--eval-episodes", str(EPISODES), "--eval-every", "0"]
     cmd += ["--dashboard", "false", "--max-staleness", "12"]
     cmd += ["--off-policy", mode, "--off-policy-stats", "true"]
     return cmd + (["--replica-sync-every", str(lag)] if lag > 1 else [])
 
 
-def run_all(runs: Path) -> None:
-    """Run every cell not yet finished, one after another (each takes both cores)."""
+def run_all(runs: Path, cells: list[tuple[int, str, int]]) -> None:
+    """Run the cells ``(lag, mode, repeat)`` not yet finished, one after another (each takes
+    both cores)."""
+    for lag, mode, repeat in cells:
+        if (runs / run_id(lag, mode, repeat) / "summary.json").exists():
+            continue
+        runs.mkdir(parents=True, exist_ok=True)
+        with open(runs / f"{run_id(lag, mode, repeat)}.out", "w") as out:
+            subprocess.run(command(lag, mode, repeat), cwd=ROOT, stdout=out, stderr=out, check=True)
+
+
+def finished(runs: Path) -> list[tuple[int, str, int]]:
+    """The cells ``(lag, mode, repeat)`` with a summary under ``runs``, in table order."""
+    out = []
     for lag in LAGS:
         for mode in MODES:
-            if (runs / run_id(lag, mode) / "summary.json").exists():
-                continue
-            log = runs / f"{run_id(lag, mode)}.out"
-            runs.mkdir(parents=True, exist_ok=True)
-            with open(log, "w") as out:
-                subprocess.run(command(lag, mode), cwd=ROOT, stdout=out, stderr=out, check=True)
+            repeat = 1
+            while (runs / run_id(lag, mode, repeat) / "summary.json").exists():
+                out.append((lag, mode, repeat))
+                repeat += 1
+    return out
 
 
 def steps_of(folder: Path) -> list[dict]:
@@ -96,7 +108,7 @@ def cell(folder: Path) -> dict:
         "win_before": s["eval_before"]["win_rate"],
         "win_after": s["eval_after"]["win_rate"],
         "consistent_after": s["eval_after"]["consistent_rate"],
-        "step_s_median": s["step_s_median"],
+        "train_s_per_step": s["train_s"] / s["steps"],
         "recompute_s": mean(r.get("offpolicy/seconds") for r in steps),
         "weight_mean": mean(r.get("offpolicy/weight_mean") for r in steps),
         "weight_min": min((r["offpolicy/weight_min"] for r in steps if "offpolicy/weight_min" in r),
@@ -113,27 +125,24 @@ def cell(folder: Path) -> dict:
 def table(runs: Path) -> str:
     """The markdown tables of every finished cell."""
     rows, drift_rows = [], []
-    for lag in LAGS:
-        for mode in MODES:
-            folder = runs / run_id(lag, mode)
-            if not (folder / "summary.json").exists():
-                continue
-            c = cell(folder)
-            rows.append(
-                f"| {lag} | {mode} | {c['staleness_mean']:.2f} (max {c['staleness_max']}) | "
-                f"{c['gain']:+.3f} +- {c['gain_se']:.3f} | {c['win_before']:.3f} -> "
-                f"{c['win_after']:.3f} | {c['consistent_after']:.3f} | {c['step_s_median']:.1f} | "
-                f"{c['recompute_s']:.2f} | {c['trl_kl']:.4f} / {c['clipped']:.3f} | "
-                f"{'yes' if c['bit_exact'] else 'NO'} |"
-            )
-            by_lag = ", ".join(f"{k}: {v:.4f}" for k, v in c["kl_drift_by_lag"].items())
-            drift_rows.append(
-                f"| {lag} | {mode} | {c['weight_mean']:.4f} / {c['weight_min']:.3f} | "
-                f"{c['truncated']:.3f} | {c['kl_mismatch']:.5f} | {by_lag} |"
-            )
+    for lag, mode, repeat in finished(runs):
+        c = cell(runs / run_id(lag, mode, repeat))
+        name = mode + (f" (repeat {repeat})" if repeat > 1 else "")
+        rows.append(
+            f"| {lag} | {name} | {c['staleness_mean']:.2f} (max {c['staleness_max']}) | "
+            f"{c['gain']:+.3f} +- {c['gain_se']:.3f} | {c['win_before']:.3f} -> "
+            f"{c['win_after']:.3f} | {c['consistent_after']:.3f} | {c['train_s_per_step']:.1f} | "
+            f"{c['recompute_s']:.2f} | {c['trl_kl']:.4f} / {c['clipped']:.3f} | "
+            f"{'yes' if c['bit_exact'] else 'NO'} |"
+        )
+        by_lag = ", ".join(f"{k}: {v:.4f}" for k, v in c["kl_drift_by_lag"].items())
+        drift_rows.append(
+            f"| {lag} | {name} | {c['weight_mean']:.4f} / {c['weight_min']:.3f} | "
+            f"{c['truncated']:.3f} | {c['kl_mismatch']:.5f} | {by_lag} |"
+        )
     head = (
         "| sync every | mode | staleness mean (max) | paired gain (512 games) | win before -> after "
-        "| consistent after | step median s | recomputation s/step | TRL kl / clipped share "
+        "| consistent after | training s/step | recomputation s/step | TRL kl / clipped share "
         "| bit-exact |\n|---|---|---|---|---|---|---|---|---|---|\n"
     )
     head2 = (
@@ -146,16 +155,23 @@ def table(runs: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", action="store_true", help="run the cells not yet finished")
+    parser.add_argument(
+        "--repeat", default="", help="also run repeats: 'LAG:MODE:N,...' (e.g. 8:off:2)"
+    )
     parser.add_argument("--runs", default=str(ROOT / "runs"), help="the runs' folder")
     args = parser.parse_args()
     runs = Path(args.runs)
     if args.run:
-        run_all(runs)
+        cells = [(lag, mode, 1) for lag in LAGS for mode in MODES]
+        for item in filter(None, args.repeat.split(",")):
+            lag, mode, n = item.split(":")
+            cells += [(int(lag), mode, r) for r in range(2, int(n) + 1)]
+        run_all(runs, cells)
     print(table(runs))
-    cells = {run_id(lag, mode): cell(runs / run_id(lag, mode))
-             for lag in LAGS for mode in MODES
-             if (runs / run_id(lag, mode) / "summary.json").exists()}
-    save(str(ROOT / "bench" / "results" / "lag_modes.json"), cells)
+    save(
+        str(ROOT / "bench" / "results" / "lag_modes.json"),
+        {run_id(*c): cell(runs / run_id(*c)) for c in finished(runs)},
+    )
 
 
 if __name__ == "__main__":

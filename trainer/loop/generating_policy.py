@@ -16,6 +16,9 @@ rewrites what TRL's loss reads, so TRL's own loss computes the corrected objecti
   correction) and the advantage is multiplied by the same ``w``;
 - ``off``: nothing changes (TRL's objective), the statistics are still recorded when asked.
 
+The recomputation takes the samples queued at once together: one decoder forward per generating
+version over them, the LM head only on the completion positions (``batch_log_probs``).
+
 ``w`` is one weight per sample, the geometric mean of its tokens' ratios, truncated at ``cap``
 (TRL's loss takes one advantage per sample; a per-sample weight w > 0 leaves PPO's min unchanged:
 ``w min(rA, clip(r)A) = min(r wA, clip(r) wA)``). The per-token form is
