@@ -212,7 +212,8 @@ class GRPOSettings:
         weight_sync_steps: optimizer steps between publishes.
         bf16: train with bf16 autocast (GPU); the CPU default trains in fp32 and publishes bf16.
         off_policy: how stale samples are weighed (``trainer.loop.off_policy``): ``off`` (TRL's
-            objective, the default until the lag x mode table says otherwise), ``tis`` (truncated
+            objective; the default: the best measured at every lag of the lag x mode table,
+            docs/BENCHMARKS.md section 12, and it costs no recomputation), ``tis`` (truncated
             importance weight on the trainer-inference mismatch), ``decoupled`` (PPO's ratio
             against the generating version, rebuilt from the bucket, times that weight).
         tis_cap: the truncation of the mismatch weight (Yao et al. 2025: 2).
