@@ -205,9 +205,9 @@ def test_queued_samples_are_corrected_together_and_handed_out_in_order(run):
         def model_at(self, v):
             return policy.model_at(v)
 
-        def log_probs_many(self, items):
+        def log_probs_many(self, items, missing=None):
             calls.append(len(items))
-            return many(items)
+            return many(items, missing)
 
     current = lambda seqs, wanted: [np.zeros(len(s), dtype=np.float32) for s in seqs]  # noqa: E731
     correction = OffPolicyCorrection(
@@ -266,3 +266,23 @@ def test_the_drift_is_scored_on_one_sample_in_drift_every_unless_tis_needs_all(r
     stats = correction.take_stats()
     # each scored sample: 3 tokens from v0 (2 behind), 3 from v1 (1 behind)
     assert stats["offpolicy/tokens_lag2"] == stats["offpolicy/tokens_lag1"] == 3 * scored
+
+
+def test_a_version_not_kept_leaves_its_samples_as_made_and_the_batch_goes_on(run):
+    """Found by CI: a batch spanning more versions than the history keeps stopped training with
+    ``VersionNotKeptError``. Now each version is rebuilt once, oldest first, and the samples of a
+    version it cannot rebuild are left as TRL made them while the rest are corrected."""
+    samples = [_sample(1.0) for _ in range(3)]
+    for k, s in enumerate(samples):
+        s.input_ids[9] = 100 + k  # a tool token (unmasked) that tells the samples apart
+    turns = {100: [(4, 0), (8, 1)], 101: [(4, 7), (8, 7)], 102: [(8, 2)]}  # v7: never published
+    current = lambda seqs, wanted: [np.zeros(len(x), dtype=np.float32) for x in seqs]  # noqa: E731
+    correction = OffPolicyCorrection(
+        _Queue(samples), OffPolicyLoss("decoupled"), run.policy, lambda ids: turns[ids[9]],
+        current, lambda: 2,
+    )
+    got = [correction.get() for _ in range(3)]
+    assert correction.take_stats()["offpolicy/uncorrected"] == 1.0
+    assert (got[1].old_log_probs == -2.0).all() and got[1].advantage == 1.0  # v7: as made
+    assert not (got[0].old_log_probs[1:8][[0, 1, 2, 4, 5, 6]] == -2.0).any()  # v0, v1: corrected
+    assert not (got[2].old_log_probs[5:8] == -2.0).any()  # v2: corrected

@@ -182,26 +182,39 @@ class GeneratingPolicy:
         """
         return self.log_probs_many([(input_ids, versions)])[0]
 
-    def log_probs_many(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    def log_probs_many(
+        self, items: list[tuple[np.ndarray, np.ndarray]], missing: dict[int, str] | None = None
+    ) -> list[np.ndarray]:
         """:meth:`log_probs` of several samples ``(input_ids, versions)``, one batched forward
-        (``batch_log_probs``) per version over the samples that have tokens of it.
+        (``batch_log_probs``) per version over the samples that have tokens of it, oldest
+        version first (rebuilding a newer one may move the history past an older one).
+
+        Args:
+            missing: if given, a version the history cannot rebuild is added to it (with the
+                error's message) and its positions are left NaN, instead of raising.
 
         Raises:
-            deltasync.errors.VersionNotKeptError: a version the history cannot rebuild.
+            deltasync.errors.VersionNotKeptError: a version the history cannot rebuild (when
+                ``missing`` is None).
         """
+        from deltasync.errors import DeltaSyncError
+
         out = [np.full(len(ids), np.nan, dtype=np.float32) for ids, _ in items]
         wanted = sorted({int(v) for _, versions in items for v in versions[versions >= 0]})
         for v in wanted:
+            try:
+                model = self.model_at(v)
+            except DeltaSyncError as e:  # not kept, or the history refused a damaged delta
+                if missing is None:
+                    raise
+                missing[v] = str(e)
+                continue
             rows = [i for i, (_, versions) in enumerate(items) if (versions == v).any()]
-            wanted = [items[i][1] == v for i in rows]
-            lps = batch_log_probs(self.model_at(v), [items[i][0] for i in rows], wanted)
-            for i, lp, here in zip(rows, lps, wanted):
-                out[i][here] = lp[here]
+            here = [items[i][1] == v for i in rows]
+            lps = batch_log_probs(model, [items[i][0] for i in rows], here)
+            for i, lp, h in zip(rows, lps, here):
+                out[i][h] = lp[h]
         return out
-
-
-def _tied(name: str) -> bool:
-    return name.endswith("lm_head.weight")  # tied to the embedding: not published on its own
 
 
 class OffPolicyCorrection:
@@ -262,24 +275,24 @@ class OffPolicyCorrection:
     def correct_many(self, samples: list) -> None:
         """Rewrite each sample for the mode (in place) and record its statistics; a sample whose
         turns' versions are unknown, or no longer kept, is left as TRL made it (counted)."""
-        from deltasync.errors import DeltaSyncError
-
         t0 = time.perf_counter()
         ids = [np.asarray(s.input_ids) for s in samples]
         versions = [position_versions(len(i), self.turns_fn([int(t) for t in i])) for i in ids]
         masks = [
             np.asarray(s.completion_mask).astype(bool) & (v >= 0) for s, v in zip(samples, versions)
         ]
-        for v in sorted({int(v) for vs, m in zip(versions, masks) for v in vs[m]}):
-            try:
-                self.policy.model_at(v)
-            except DeltaSyncError as e:  # not kept, or the history refused a damaged delta
-                log.warning("samples of version %d left uncorrected: %s", v, e)
-                for vs, m in zip(versions, masks):
-                    if (vs[m] == v).any():
-                        m[:] = False
-        todo = [i for i, m in enumerate(masks) if m.any()]
-        gens = self.policy.log_probs_many([(ids[i], np.where(masks[i], versions[i], -1)) for i in todo])
+        missing: dict[int, str] = {}  # versions not kept, or refused: their samples stay as made
+        candidates = [i for i, m in enumerate(masks) if m.any()]
+        scored = self.policy.log_probs_many(
+            [(ids[i], np.where(masks[i], versions[i], -1)) for i in candidates], missing
+        )
+        for v, why in sorted(missing.items()):
+            log.warning("samples of version %d left uncorrected: %s", v, why)
+        for i in candidates:
+            if np.isin(versions[i][masks[i]], list(missing)).any():
+                masks[i][:] = False
+        todo = [i for i in candidates if masks[i].any()]
+        gens = [scored[candidates.index(i)] for i in todo]
         # the current policy: every sample for tis's ratio, else every drift_every-th (statistics)
         scored = [
             j for j, _ in enumerate(todo)
