@@ -111,8 +111,10 @@ def cell(folder: Path) -> dict:
         "train_s_per_step": s["train_s"] / s["steps"],
         "recompute_s": mean(r.get("offpolicy/seconds") for r in steps),
         "weight_mean": mean(r.get("offpolicy/weight_mean") for r in steps),
-        "weight_min": min((r["offpolicy/weight_min"] for r in steps if "offpolicy/weight_min" in r),
-                          default=float("nan")),
+        "weight_min": min(
+            (r["offpolicy/weight_min"] for r in steps if "offpolicy/weight_min" in r),
+            default=float("nan"),
+        ),
         "truncated": mean(r.get("offpolicy/truncated") for r in steps),
         "kl_mismatch": mean(r.get("offpolicy/kl_mismatch") for r in steps),
         "kl_drift_by_lag": {k: t / c for k, (t, c) in sorted(drift.items()) if c},

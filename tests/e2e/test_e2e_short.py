@@ -48,7 +48,9 @@ def test_e2e_short(tmp_path, e2e_warm_start):
     assert all(0 < r["offpolicy/weight_mean"] <= 2.0 for r in corrected)
     assert any(r["offpolicy/lag_mean"] > 0 for r in corrected)  # stale samples among them
     # the current policy was scored through TRL's own model (its tree attention): drift by lag
-    drift = {k: v for r in corrected for k, v in r.items() if k.startswith("offpolicy/kl_drift_lag")}
+    drift = {
+        k: v for r in corrected for k, v in r.items() if k.startswith("offpolicy/kl_drift_lag")
+    }
     assert drift and all(v >= 0 for v in drift.values()), logged[-1]
     assert all(s.reward is not None and s.loss is not None for s in metrics.steps)
     versions = [s.version for s in metrics.steps]

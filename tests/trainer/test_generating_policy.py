@@ -165,7 +165,12 @@ def test_the_correction_rewrites_what_trls_loss_reads(run, mode):
 def test_a_sample_whose_versions_are_unknown_is_left_as_trl_made_it(run):
     queue = _Queue([_sample(0.5)])
     correction = OffPolicyCorrection(
-        queue, OffPolicyLoss("decoupled"), run.policy, lambda ids: [], lambda seqs, wanted: None, lambda: 2
+        queue,
+        OffPolicyLoss("decoupled"),
+        run.policy,
+        lambda ids: [],
+        lambda seqs, wanted: None,
+        lambda: 2,
     )
     s = correction.get()
     assert s.advantage == 0.5 and (s.old_log_probs == -2.0).all()
@@ -183,12 +188,12 @@ def test_a_batched_forward_scores_each_sequence_as_its_own_forward(run, monkeypa
     # on 7 positions at a time
     monkeypatch.setattr(gp, "FORWARD_TOKENS", 40)
     monkeypatch.setattr(gp, "LOGITS_BUDGET_BYTES", 7 * 4 * 128)
-    for batched, want in zip(batch_log_probs(model, seqs), alone):
+    for batched, want in zip(batch_log_probs(model, seqs), alone, strict=True):
         assert batched.shape == want.shape and np.isnan(batched[0])
         close(batched[1:], want[1:])
     # only the positions asked for are scored; the others are NaN
     wanted = [rng.random(len(s)) < 0.4 for s in seqs]
-    for batched, want, w in zip(batch_log_probs(model, seqs, wanted), alone, wanted):
+    for batched, want, w in zip(batch_log_probs(model, seqs, wanted), alone, wanted, strict=True):
         w = w & (np.arange(len(w)) > 0)
         close(batched[w], want[w])
         assert np.isnan(batched[~w]).all()
@@ -211,8 +216,13 @@ def test_queued_samples_are_corrected_together_and_handed_out_in_order(run):
 
     current = lambda seqs, wanted: [np.zeros(len(s), dtype=np.float32) for s in seqs]  # noqa: E731
     correction = OffPolicyCorrection(
-        inner, OffPolicyLoss("decoupled"), Counting(), lambda ids: [(4, 0), (8, 1)],
-        current, lambda: 2, batch=3,
+        inner,
+        OffPolicyLoss("decoupled"),
+        Counting(),
+        lambda ids: [(4, 0), (8, 1)],
+        current,
+        lambda: 2,
+        batch=3,
     )
     got = [correction.get() for _ in range(2)]
     assert calls == [3]  # three taken at once, one batched recomputation
@@ -222,8 +232,12 @@ def test_queued_samples_are_corrected_together_and_handed_out_in_order(run):
     assert got == samples  # the same objects, in queue order
     one = _sample(1.0)
     OffPolicyCorrection(
-        _Queue([one]), OffPolicyLoss("decoupled"), policy, lambda ids: [(4, 0), (8, 1)],
-        current, lambda: 2,
+        _Queue([one]),
+        OffPolicyLoss("decoupled"),
+        policy,
+        lambda ids: [(4, 0), (8, 1)],
+        current,
+        lambda: 2,
     ).get()
     assert got[0].advantage == one.advantage  # corrected as a sample alone would be
     np.testing.assert_allclose(got[0].old_log_probs, one.old_log_probs, rtol=0, atol=1e-5)
@@ -258,8 +272,14 @@ def test_the_drift_is_scored_on_one_sample_in_drift_every_unless_tis_needs_all(r
         return [np.zeros(len(s), dtype=np.float32) for s in seqs]
 
     correction = OffPolicyCorrection(
-        _Queue([_sample() for _ in range(5)]), OffPolicyLoss(mode), run.policy,
-        lambda ids: [(4, 0), (8, 1)], current, lambda: 2, batch=5, drift_every=2,
+        _Queue([_sample() for _ in range(5)]),
+        OffPolicyLoss(mode),
+        run.policy,
+        lambda ids: [(4, 0), (8, 1)],
+        current,
+        lambda: 2,
+        batch=5,
+        drift_every=2,
     )
     [correction.get() for _ in range(5)]
     assert len(asked) == scored  # samples 0, 2, 4 (or all five for tis's ratio)
@@ -278,11 +298,35 @@ def test_a_version_not_kept_leaves_its_samples_as_made_and_the_batch_goes_on(run
     turns = {100: [(4, 0), (8, 1)], 101: [(4, 7), (8, 7)], 102: [(8, 2)]}  # v7: never published
     current = lambda seqs, wanted: [np.zeros(len(x), dtype=np.float32) for x in seqs]  # noqa: E731
     correction = OffPolicyCorrection(
-        _Queue(samples), OffPolicyLoss("decoupled"), run.policy, lambda ids: turns[ids[9]],
-        current, lambda: 2,
+        _Queue(samples),
+        OffPolicyLoss("decoupled"),
+        run.policy,
+        lambda ids: turns[ids[9]],
+        current,
+        lambda: 2,
     )
     got = [correction.get() for _ in range(3)]
     assert correction.take_stats()["offpolicy/uncorrected"] == 1.0
     assert (got[1].old_log_probs == -2.0).all() and got[1].advantage == 1.0  # v7: as made
     assert not (got[0].old_log_probs[1:8][[0, 1, 2, 4, 5, 6]] == -2.0).any()  # v0, v1: corrected
     assert not (got[2].old_log_probs[5:8] == -2.0).any()  # v2: corrected
+
+
+def test_a_tied_model_is_rebuilt_without_its_unpublished_lm_head(tmp_path):
+    """SmolLM2 ties its LM head to the embedding, so no version publishes ``lm_head.weight``;
+    the version's model takes the tie (a lost helper once made this a NameError)."""
+    folder = make_tiny_qwen3(str(tmp_path / "model"), vocab_size=128, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    pub = DeltaPublisher(str(tmp_path / "bucket"), run_id="tied")
+    pub.publish(model.named_parameters(), step=0)
+    pub.flush()
+    pub.close()
+    history = VersionHistory(DeltaSubscriber(str(tmp_path / "bucket")), keep=1)
+    history.update()
+    config = AutoConfig.from_pretrained(folder)
+    policy = GeneratingPolicy(lambda: AutoModelForCausalLM.from_config(config), history)
+    got = policy.log_probs(IDS, np.arange(10) * 0)
+    bf16 = {n: p.detach().to(torch.bfloat16).float() for n, p in model.named_parameters()}
+    want = AutoModelForCausalLM.from_config(config)
+    want.load_state_dict(bf16, strict=False)
+    close(got[1:], token_log_probs(want.eval(), IDS)[1:])

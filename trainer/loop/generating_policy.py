@@ -90,7 +90,9 @@ def batch_log_probs(
         ids = torch.zeros((len(rows), width), dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
         for r, i in enumerate(rows):
-            ids[r, : len(sequences[i])] = torch.as_tensor(np.asarray(sequences[i]), dtype=torch.long)
+            ids[r, : len(sequences[i])] = torch.as_tensor(
+                np.asarray(sequences[i]), dtype=torch.long
+            )
             attention[r, : len(sequences[i])] = 1
         # scored (row, p): the hidden state at p - 1 predicts the token at p
         at = [(r, p) for r, i in enumerate(rows) for p in np.flatnonzero(wanted[i]) if p >= 1]
@@ -102,13 +104,18 @@ def batch_log_probs(
                     input_ids=ids.to(device), attention_mask=attention.to(device)
                 ).last_hidden_state[row.to(device), (pos - 1).to(device)]
                 targets = ids[row, pos].to(device)
-                lp = torch.cat(
-                    [
-                        torch.log_softmax(head(hidden[k : k + budget]).float(), dim=-1)
-                        .gather(1, targets[k : k + budget, None])[:, 0]
-                        for k in range(0, len(at), budget)
-                    ]
-                ).cpu().numpy()
+                lp = (
+                    torch.cat(
+                        [
+                            torch.log_softmax(head(hidden[k : k + budget]).float(), dim=-1).gather(
+                                1, targets[k : k + budget, None]
+                            )[:, 0]
+                            for k in range(0, len(at), budget)
+                        ]
+                    )
+                    .cpu()
+                    .numpy()
+                )
             for k, (r, p) in enumerate(at):
                 out[rows[r]][p] = lp[k]
         start = end
@@ -212,9 +219,13 @@ class GeneratingPolicy:
             rows = [i for i, (_, versions) in enumerate(items) if (versions == v).any()]
             here = [items[i][1] == v for i in rows]
             lps = batch_log_probs(model, [items[i][0] for i in rows], here)
-            for i, lp, h in zip(rows, lps, here):
+            for i, lp, h in zip(rows, lps, here, strict=True):
                 out[i][h] = lp[h]
         return out
+
+
+def _tied(name: str) -> bool:
+    return name.endswith("lm_head.weight")  # tied to the embedding: not published on its own
 
 
 class OffPolicyCorrection:
@@ -243,8 +254,17 @@ class OffPolicyCorrection:
             generating policy's; ``tis`` scores every sample, its ratio needs them).
     """
 
-    def __init__(self, inner, loss: OffPolicyLoss, policy, turns_fn, current_fn, newest_fn,
-                 batch: int = 16, drift_every: int = 4):
+    def __init__(
+        self,
+        inner,
+        loss: OffPolicyLoss,
+        policy,
+        turns_fn,
+        current_fn,
+        newest_fn,
+        batch: int = 16,
+        drift_every: int = 4,
+    ):
         self._inner, self.loss, self.policy = inner, loss, policy
         self.turns_fn, self.current_fn, self.newest_fn = turns_fn, current_fn, newest_fn
         self.batch, self.drift_every, self._seen = batch, drift_every, 0
@@ -268,10 +288,6 @@ class OffPolicyCorrection:
         """Samples queued, the corrected ones not yet handed out included."""
         return self._inner.qsize() + len(self._ready)
 
-    def correct(self, sample) -> None:
-        """:meth:`correct_many` of one sample."""
-        self.correct_many([sample])
-
     def correct_many(self, samples: list) -> None:
         """Rewrite each sample for the mode (in place) and record its statistics; a sample whose
         turns' versions are unknown, or no longer kept, is left as TRL made it (counted)."""
@@ -279,7 +295,8 @@ class OffPolicyCorrection:
         ids = [np.asarray(s.input_ids) for s in samples]
         versions = [position_versions(len(i), self.turns_fn([int(t) for t in i])) for i in ids]
         masks = [
-            np.asarray(s.completion_mask).astype(bool) & (v >= 0) for s, v in zip(samples, versions)
+            np.asarray(s.completion_mask).astype(bool) & (v >= 0)
+            for s, v in zip(samples, versions, strict=True)
         ]
         missing: dict[int, str] = {}  # versions not kept, or refused: their samples stay as made
         candidates = [i for i, m in enumerate(masks) if m.any()]
@@ -295,16 +312,18 @@ class OffPolicyCorrection:
         gens = [scored[candidates.index(i)] for i in todo]
         # the current policy: every sample for tis's ratio, else every drift_every-th (statistics)
         scored = [
-            j for j, _ in enumerate(todo)
+            j
+            for j, _ in enumerate(todo)
             if self.loss.mode == "tis" or (self._seen + j) % self.drift_every == 0
         ]
         self._seen += len(todo)
-        currents = dict(zip(scored, self.current_fn(
-            [ids[todo[j]] for j in scored], [masks[todo[j]] for j in scored]
-        ))) if scored else {}
+        currents = {}
+        if scored:
+            lps = self.current_fn([ids[todo[j]] for j in scored], [masks[todo[j]] for j in scored])
+            currents = dict(zip(scored, lps, strict=True))
         newest = self.newest_fn()
         seconds = (time.perf_counter() - t0) / len(samples)
-        for i in set(range(len(samples))) - set(todo):
+        for _ in range(len(samples) - len(todo)):
             self._record(uncorrected=1, seconds=seconds)
         for j, i in enumerate(todo):
             sample, mask, gen = samples[i], masks[i], gens[j]
@@ -319,7 +338,9 @@ class OffPolicyCorrection:
                 mismatch_max=float(np.exp(np.max(gen[mask] - sampled[mask]))),
                 kl_mismatch=float(np.mean(k3(gen[mask] - sampled[mask]))),
                 lag_mean=float(np.mean(lags)),
-                drift_by_lag={} if drift is None else {
+                drift_by_lag={}
+                if drift is None
+                else {
                     int(k): (float(drift[lags == k].sum()), int((lags == k).sum()))
                     for k in np.unique(lags)
                 },
