@@ -55,7 +55,8 @@ LOGITS_BUDGET_BYTES = 256 * 2**20
 def batch_log_probs(
     model, sequences: list[np.ndarray], wanted: list[np.ndarray] | None = None
 ) -> list[np.ndarray]:
-    """``token_log_probs`` of each sequence at its ``wanted`` positions, in few forwards.
+    """``log p(ids[p] | ids[:p])`` of each sequence at its ``wanted`` positions, without
+    gradient, in few forwards.
 
     The sequences, shortest first, are right-padded into decoder forwards of at most
     ``FORWARD_TOKENS`` tokens (a longer sequence gets a forward alone); right padding with an
