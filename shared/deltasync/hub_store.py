@@ -71,7 +71,11 @@ class HubBucket:
 
     def __init__(self, bucket_id: str, prefix: str = "", token=None, endpoint: str | None = None):
         from huggingface_hub import HfApi, constants  # lazy: importing deltasync stays light
+        from huggingface_hub.utils import disable_progress_bars
 
+        # One dense line per publish is ours to print: huggingface_hub's bars and hf_xet's upload
+        # progress (reported through huggingface_hub's reporter) would print per batch.
+        disable_progress_bars()
         self.bucket_id = bucket_id
         self.prefix = prefix.strip("/")
         self.token = token
@@ -179,6 +183,11 @@ class HubBucket:
                 ) from e
             self._fail(resp, what, path, write)
         except Exception as e:
+            # hf_xet (Rust) fetches its own Xet token and talks to the CAS: a refused token
+            # comes back as a ConnectionError naming the HTTP status, not as an HTTP error.
+            refused = re.search(r"HTTP status client error \((40[13])", str(e))
+            if refused:
+                self._fail(_Status(int(refused.group(1))), what, path, write)
             if type(e).__module__.split(".")[0] in _NET_MODULES:
                 if retried:
                     raise StoreError(
@@ -212,7 +221,14 @@ class HubBucket:
 
     def get(self, path: str, if_none_match: str | None = None) -> tuple[bytes | None, str]:
         """(bytes, tag) of ``path``; (None, tag) when ``if_none_match`` still matches. Sends
-        the ETag of the last read of ``path`` when it kept one: a 304 returns those bytes."""
+        the tag of the last read of ``path`` when it kept one: an unchanged file returns those
+        bytes.
+
+        The tag is the Hub's own (``X-Linked-Etag``, else ``ETag``, else ``X-Xet-Hash`` of the
+        resolver's answer), never the file bridge's. The resolver is asked without following its
+        redirect: a 304, or a 302 whose tag equals the one sent, means unchanged, so an unchanged
+        poll costs one resolver request whatever the bridge does with ``If-None-Match``; only a
+        changed file follows the redirect (to another origin: without ``Authorization``)."""
         from huggingface_hub.utils import build_hf_headers
 
         self.check()
@@ -221,21 +237,37 @@ class HubBucket:
         etag = if_none_match or (kept[0] if kept else None)
         if etag:
             headers["If-None-Match"] = etag
-        resp = self._send("GET", self.resolve_url(path), headers=headers)
-        if resp.status_code == 304:
+        url = self.resolve_url(path)
+        resp = self._send("GET", url, headers=headers, follow_redirects=False)
+        tag = _etag(resp)
+        if resp.status_code == 304 or (resp.is_redirect and etag is not None and tag == etag):
             if if_none_match:
                 return None, if_none_match
             if kept is not None:
                 return kept[1], kept[0]
             raise HubTransient(f"read {path}: 304 without a cached copy")
+        if resp.is_redirect:
+            resp = self._follow(url, resp, headers)
         if resp.status_code != 200:
             self._fail(resp, "read", path)
         data = resp.content
-        tag = _etag(resp) or hashlib.blake2b(data, digest_size=16).hexdigest()
-        if len(data) <= _CONDITIONAL_MAX_BYTES and _etag(resp):
+        tag = tag or hashlib.blake2b(data, digest_size=16).hexdigest()
+        if len(data) <= _CONDITIONAL_MAX_BYTES and _etag(resp) is not None:
             with self._lock:
                 self._etags[path] = (tag, data)
         return data, tag
+
+    def _follow(self, url: str, resp, headers: dict):
+        """The answer at a redirect's ``Location`` (further redirects followed). Leaving the
+        Hub's origin drops ``Authorization`` (a bridge URL is signed); ``If-None-Match`` is not
+        sent: its tag is the Hub's, which the bridge may not know."""
+        from urllib.parse import urljoin, urlsplit
+
+        target = urljoin(url, resp.headers["location"])
+        keep = {k: v for k, v in headers.items() if k.lower() != "if-none-match"}
+        if urlsplit(target)[:2] != urlsplit(url)[:2]:
+            keep = {k: v for k, v in keep.items() if k.lower() != "authorization"}
+        return self._send("GET", target, headers=keep, follow_redirects=True)
 
     def head(self, path: str) -> dict | None:
         """``{"size", "tag"}`` of ``path`` (``HfApi.get_bucket_file_metadata``: one resolver
@@ -328,6 +360,14 @@ class HubBucket:
         with self._lock:
             for p in paths:
                 self._etags.pop(p, None)
+
+
+class _Status:
+    """An HTTP status reported inside another error's message (hf_xet's), for :meth:`_fail`."""
+
+    def __init__(self, status_code: int):
+        self.status_code = status_code
+        self.headers: dict[str, str] = {}
 
 
 def _etag(resp) -> str | None:
