@@ -41,7 +41,7 @@ install = { [ -n "$(strip $(UV_OUT))" ] && [ -x $(VENV)/bin/uv ] && \
 TEST_WORKERS ?= 2
 PYTEST_DIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: setup model test test-fast test-gpu lint format bench train eval e2e dashboard spaces spaces-down clean
+.PHONY: setup model test test-fast test-gpu lint format bench train eval e2e dashboard spaces spaces-down hub journey clean
 
 setup: $(STAMP)
 
@@ -153,6 +153,17 @@ spaces: setup
 spaces-down: setup
 	$(PY) -m tools.deploy_spaces --down $(if $(BUCKET),--bucket "$(BUCKET)") \
 	  $(if $(DRY_RUN),--dry-run) $(SPACES_ARGS)
+
+# make hub: a local Hub on 127.0.0.1:8330 (buckets, a Xet CAS on :8331, Spaces run as local
+# processes; tools/local_hub), a test and demo tool: point a unit at it with HF_ENDPOINT and a
+# token from runs/local-hub/tokens.json. Nothing in the three units depends on it.
+hub: setup
+	$(PY) -m tools.local_hub $(HUB_ARGS)
+
+# make journey: make spaces -> the make train line it prints (STEPS=3) -> the dashboard Space ->
+# make spaces-down, offline through a local Hub (tools/journey.py); figures in runs/journey/journey.json
+journey: setup
+	$(PY) -m tools.journey $(JOURNEY_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache runs bench/results

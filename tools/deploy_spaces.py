@@ -48,7 +48,7 @@ from .space_stage import (
     hub_api,
     logs_hint,
     mmss,
-    space_url,
+    runtime_url,
     stage_space,
 )
 
@@ -79,6 +79,8 @@ class Deployer:
         self.clock = clock
         self.owner: str | None = config.owner
         self.control_token_generated = False
+        # the last runtime (``SpaceRuntime.raw``) seen per repo id while waiting
+        self.runtimes: dict[str, dict] = {}
 
     # -------------------------------------------------------------------------------- planning
     def specs(self, owner: str) -> list[SpaceSpec]:
@@ -99,8 +101,17 @@ class Deployer:
         return hub_calls(self.cfg, owner, self.specs(owner))
 
     def next_step(self, owner: str) -> str:
-        """The ``make train ...`` line that trains against the deployed Spaces and bucket."""
-        return next_step(self.cfg, owner, self.specs(owner))
+        """The ``make train ...`` line that trains against the deployed Spaces and bucket, with
+        the URLs the Hub reported for them while waiting (:meth:`space_urls`)."""
+        return next_step(self.cfg, owner, self.specs(owner), self.space_urls(owner))
+
+    def space_urls(self, owner: str) -> dict[str, str]:
+        """Each Space's URL by key: the domain its last runtime reported (``runtime_url``: a
+        local Hub's ``http://127.0.0.1:PORT``), else ``https://<owner>-<name>.hf.space``."""
+        return {
+            s.key: runtime_url(owner, s.name, self.runtimes.get(f"{owner}/{s.name}"))
+            for s in self.specs(owner)
+        }
 
     # --------------------------------------------------------------------------------- running
     @property
@@ -169,11 +180,11 @@ class Deployer:
         if not dry_run and c.wait:
             self.wait_running([f"{owner}/{s.name}" for s in specs])
         line = self.next_step(owner)
+        urls = self.space_urls(owner)
         self._print()
         for s in specs:
             self._print(
-                f"{s.key:>9}: {space_url(owner, s.name)}  (https://huggingface.co/spaces/"
-                f"{owner}/{s.name})"
+                f"{s.key:>9}: {urls[s.key]}  (https://huggingface.co/spaces/{owner}/{s.name})"
             )
         self._print(f"   bucket: hf://buckets/{owner}/{c.bucket_name}")
         self._print("\nNext, train against them:\n")
@@ -263,6 +274,7 @@ class Deployer:
                 if stages[r] == "RUNNING" and building_seen[r]:
                     continue
                 rt = self.api.get_space_runtime(r)
+                self.runtimes[r] = getattr(rt, "raw", None) or {}
                 stage = str(getattr(rt.stage, "value", rt.stage))
                 stages[r] = stage
                 if stage not in ("RUNNING", *FAILED_STAGES):

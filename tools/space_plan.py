@@ -141,11 +141,20 @@ def hub_calls(cfg: DeployConfig, owner: str, specs: list[SpaceSpec]) -> list[Hub
     return calls
 
 
-def next_step(cfg: DeployConfig, owner: str, specs: list[SpaceSpec]) -> str:
-    """The ``make train ...`` line that trains against the deployed Spaces and bucket."""
+def next_step(
+    cfg: DeployConfig, owner: str, specs: list[SpaceSpec], urls: dict[str, str] | None = None
+) -> str:
+    """The ``make train ...`` line that trains against the deployed Spaces and bucket.
+
+    ``urls``: the Spaces' URLs by key ("rollout", "wordle") as the Hub reports them
+    (``runtime_url``); a Space missing from it gets :func:`space_url`."""
+    urls = urls or {}
     names = {s.key: s.name for s in specs}
+
+    def url(key: str) -> str:
+        return urls.get(key) or space_url(owner, names[key])
+
     return (
         f"make train BUCKET={owner}/{cfg.bucket_name} "
-        f"VLLM_URL={space_url(owner, names['rollout'])} "
-        f"ENV_URL={space_url(owner, names['wordle'])} MODEL={cfg.model}"
+        f"VLLM_URL={url('rollout')} ENV_URL={url('wordle')} MODEL={cfg.model}"
     )

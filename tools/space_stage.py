@@ -42,6 +42,20 @@ def space_url(owner: str, name: str) -> str:
     return f"https://{host}.hf.space"
 
 
+def runtime_url(owner: str, name: str, raw: dict | None = None) -> str:
+    """The URL of Space ``owner/name`` as the Hub reports it: the first ``READY`` domain (else
+    the first domain) of its runtime ``raw`` (``SpaceRuntime.raw["domains"]``, items
+    ``{"domain": ..., "stage": ...}``), ``http://`` for a 127.0.0.1/localhost domain (a local
+    Hub's Space) and ``https://`` otherwise; without domains, :func:`space_url`."""
+    domains = [d for d in (raw or {}).get("domains") or [] if d.get("domain")]
+    if not domains:
+        return space_url(owner, name)
+    chosen = next((d for d in domains if d.get("stage") == "READY"), domains[0])["domain"]
+    host = chosen.rsplit(":", 1)[0] if chosen.count(":") == 1 else chosen
+    local = host.strip("[]") in ("127.0.0.1", "localhost", "::1")
+    return f"{'http' if local else 'https'}://{chosen}"
+
+
 def summarize_files(files: list[str]) -> str:
     """'N files: Dockerfile, README.md, shared/ (k), ...' for a list of relative paths."""
     groups: dict[str, int] = {}

@@ -107,7 +107,7 @@ class TrainConfig:
     local: LocalSettings = field(default_factory=LocalSettings)
 
     def __post_init__(self) -> None:
-        tiny, full = self.run.model_id() == TINY, self.adapter.kind is None
+        tiny, full = self.run.tiny, self.adapter.kind is None
         if self.grpo.learning_rate is None:
             self.grpo.learning_rate = 2e-4 if tiny else (1e-6 if full else 1e-5)
         if self.grpo.tie_answer_rows is None:
@@ -223,7 +223,7 @@ def hub_cpu_defaults(kw: dict, cuda: bool | None = None) -> dict:
     """``kw`` (the flags given) with ``HUB_CPU_DEFAULTS`` for those not given, when the run trains
     a hub model (not ``tiny``) without CUDA (``cuda``: None asks torch); else ``kw``."""
     probe = RunSettings(bucket=kw.get("bucket"), model=kw.get("model"))
-    if probe.model_id() == TINY:
+    if probe.tiny:
         return kw
     if cuda is None:
         import torch

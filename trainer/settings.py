@@ -112,6 +112,14 @@ class RunSettings:
     def model_id(self) -> str:
         return self.model or (TINY if self.local else DEFAULT_HUB_MODEL)
 
+    @property
+    def tiny(self) -> bool:
+        """Whether the run trains the local model: ``tiny``, or a folder the local model's
+        warm start built (it holds ``warm_start.json``; ``make spaces MODEL=<that folder>`` gives
+        it to a rollout Space and prints it in the ``make train`` line)."""
+        model = self.model_id()
+        return model == TINY or os.path.isfile(os.path.join(model, "warm_start.json"))
+
     def hub_warm_start_game_count(self, template_swapped: bool) -> int:
         """Teacher games of a hub model's warm start (see ``hub_warm_start_games``);
         ``template_swapped``: the model's own template had no tools."""

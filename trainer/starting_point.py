@@ -28,6 +28,8 @@ def initial_model(run: RunSettings, warm_start_config: WarmStartConfig) -> tuple
             ChatML.
     """
     model, cache = run.model_id(), run.cache
+    if run.tiny and model != TINY:  # the local model's folder, built before
+        return os.path.abspath(model), 0.0
     if model != TINY:
         from trainer.task.chat_format import tool_template_folder, with_tool_template
 

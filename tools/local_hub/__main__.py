@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> HubConfig:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     cfg = parse_args(argv)
-    hub = LocalHub(cfg, with_spaces=(Path(__file__).parent / "spaces.py").exists())  # TEMP
+    hub = LocalHub(cfg)
     print(describe(cfg), flush=True)
     try:
         asyncio.run(hub.serve())

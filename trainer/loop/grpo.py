@@ -11,7 +11,7 @@ from trainer.loop.advantages import CentredAdvantages
 from trainer.loop.bucket_transfer import BucketWeightTransfer
 from trainer.loop.rollout_tagging import ReplicaVersionTagger
 from trainer.loop.trained_weights import FullWeights
-from trainer.settings import TINY, GRPOSettings, RunSettings
+from trainer.settings import GRPOSettings, RunSettings
 from trainer.task.wordle_task import WordleToolEnv, make_dataset
 
 
@@ -75,7 +75,7 @@ def build_trainer(
         # the local model: recomputation costs more than it saves; a hub model (SmolLM2-135M, 30
         # layers) kept ~9 GB of activations for a 6,144-token row and a LoRA run was killed for
         # memory on the 24 GiB machine: recomputed there
-        gradient_checkpointing=run.model_id() != TINY,
+        gradient_checkpointing=not run.tiny,
         token_budget=grpo.token_budget,
         weight_sync_steps=grpo.weight_sync_steps,
         vllm_server_base_url=rollout_url,

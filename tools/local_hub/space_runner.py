@@ -1,0 +1,349 @@
+"""Docker Spaces of the local Hub run as local processes, the way the Hub would build and run them.
+
+When a Space has an uploaded folder (and again after a commit, a variable or secret change, a
+hardware change or a restart, as the Hub rebuilds), :class:`SpaceRunner` parses the folder's
+``Dockerfile`` (``tools/local_hub/docker_image.py``), lays out the image's file tree from the
+folder as its COPY lines say, and runs its CMD with this venv's interpreter (``sys.executable``) in
+the image's WORKDIR, in its own process group, with this environment:
+
+- the image's ENV, image paths mapped under the laid-out tree;
+- ``PYTHONPATH`` entries standing in for the Dockerfile's ``pip install`` of the copied packages
+  (this checkout's editable ``shared/`` and ``spaces/`` are hidden from ``sys.path``);
+- the Space's variables and secrets;
+- ``PORT`` (a free port on 127.0.0.1), ``SPACE_ID``, ``SPACE_AUTHOR_NAME``, ``SPACE_REPO_NAME``,
+  ``SPACE_HOST`` (``127.0.0.1:PORT``) and ``HF_ENDPOINT`` (the local Hub's URL);
+- last, ``space_env``: what the local Hub's operator gives to stand in for hardware this machine
+  lacks (e.g. vLLM's CPU settings: ``VLLM_EXTRA_ARGS``, ``VLLM_ENABLE_V1_MULTIPROCESSING``,
+  ``OMP_NUM_THREADS``, ``HOST=127.0.0.1``, ``MAX_MODEL_LEN``; see
+  ``trainer/local/processes.py:start_replica``). ``{PORT}`` in a value becomes the Space's port
+  (e.g. ``ROLLOUT_PUBLIC_URL=http://127.0.0.1:{PORT}``).
+
+Stages (:meth:`SpaceRunner.stage`): BUILDING from the (re)build request until the app's port
+answers HTTP (any status; polled), RUNNING after, RUNTIME_ERROR with the log's tail when the
+process exits, BUILD_ERROR when the Dockerfile cannot be stood in for, NO_APP_FILE without a
+Dockerfile. Stopping (pause, rebuild, :meth:`SpaceRunner.stop_all`) sends SIGTERM to the process
+group, then SIGKILL. Each Space's output goes to ``<space dir>/logs/run.log``.
+
+What this does not check: the image build itself. No Docker and no base image (the base image's
+system packages, Python version and libraries are this machine's and this venv's: a package the
+image would lack but this venv has imports here), no ``RUN`` line runs (``pip install`` is replaced
+by ``PYTHONPATH`` entries, so a dependency missing from the Space's pyproject goes unnoticed), no
+``USER``/uid 1000 or read-only home, no ``.dockerignore`` beyond the usual caches, no GPU (the
+operator's ``space_env`` stands in), no HEALTHCHECK, no sleep after inactivity, and the app is
+reached on 127.0.0.1:PORT directly, not through the Hub's proxy (no ``Authorization`` check of a
+private Space's visitors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from trainer.local.processes import free_port
+
+from .docker_image import DockerImageError, build_image, parse_dockerfile
+
+log = logging.getLogger("tools.local_hub.space_runner")
+
+REPO = Path(__file__).resolve().parents[2]
+# This checkout's editable install (deltasync, the Spaces' packages): hidden from Space processes.
+CHECKOUT_PATHS = [str(REPO / "shared"), str(REPO / "spaces")]
+STOP_TIMEOUT_S = 10.0
+POLL_S = 0.25
+ERROR_TAIL_LINES = 30
+
+
+@dataclasses.dataclass
+class _Run:
+    """One Space's process state (guarded by ``lock`` for process operations)."""
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    requested: int = 0  # generation of the latest (re)build request
+    started: int = 0  # generation the current state belongs to
+    proc: subprocess.Popen | None = None
+    port: int | None = None
+    answered: bool = False
+    stopping: bool = False
+    error_stage: str | None = None  # BUILD_ERROR / NO_APP_FILE
+    error: str | None = None
+
+
+class SpaceRunner:
+    """Runs the local Hub's Docker Spaces as processes.
+
+    Args:
+        root: folder of the Spaces' build trees and logs (``<root>/<owner>/<name>/``).
+        hub_url: the local Hub's URL, given to every Space as ``HF_ENDPOINT``.
+        space_env: extra environment for every Space, applied last (``{PORT}`` is replaced).
+        hidden_paths: folders taken off the Space processes' ``sys.path`` (default: this
+            checkout's ``shared/`` and ``spaces/``).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        hub_url: str,
+        space_env: dict[str, str] | None = None,
+        hidden_paths: list[str] | None = None,
+    ):
+        self.root = Path(root)
+        self.hub_url = hub_url.rstrip("/")
+        self.space_env = dict(space_env or {})
+        self.hidden_paths = CHECKOUT_PATHS if hidden_paths is None else hidden_paths
+        self._runs: dict[str, _Run] = {}
+        self._mu = threading.Lock()
+
+    # ------------------------------------------------------------------------------ paths
+    def space_dir(self, repo_id: str) -> Path:
+        """The folder of Space ``repo_id``'s build tree and logs."""
+        return self.root / repo_id
+
+    def log_path(self, repo_id: str) -> Path:
+        """The Space's process log (appended to across restarts)."""
+        return self.space_dir(repo_id) / "logs" / "run.log"
+
+    def _run(self, repo_id: str) -> _Run:
+        with self._mu:
+            return self._runs.setdefault(repo_id, _Run())
+
+    # ------------------------------------------------------------------------------ control
+    def start(
+        self, repo_id: str, files_dir: Path, env: dict[str, str], port: int | None = None
+    ) -> None:
+        """(Re)build and start Space ``repo_id`` from its uploaded folder ``files_dir`` with the
+        Space's variables and secrets ``env``, in the background: the Space is BUILDING from now
+        on. A running process is stopped first. ``port``: the port to reuse when it is free
+        (the Space keeps its URL across restarts). Requests in quick succession coalesce."""
+        run = self._run(repo_id)
+        with self._mu:
+            run.requested += 1
+            gen = run.requested
+        threading.Thread(
+            target=self._rebuild,
+            args=(repo_id, run, gen, Path(files_dir), dict(env), port),
+            name=f"space-build-{repo_id}",
+            daemon=True,
+        ).start()
+
+    def stop(self, repo_id: str) -> None:
+        """Stop Space ``repo_id``'s process (SIGTERM to its group, SIGKILL after
+        ``STOP_TIMEOUT_S``) and cancel a pending rebuild. Returns when it is gone."""
+        run = self._run(repo_id)
+        with self._mu:
+            run.requested += 1
+            gen = run.requested
+        with run.lock:
+            self._stop_proc(run)
+            with self._mu:
+                if run.requested == gen:
+                    run.started = gen
+                    run.error_stage = run.error = None
+
+    def stop_all(self) -> None:
+        """Stop every Space process (the local Hub's shutdown)."""
+        with self._mu:
+            ids = list(self._runs)
+        for repo_id in ids:
+            self.stop(repo_id)
+
+    # ------------------------------------------------------------------------------ state
+    def stage(self, repo_id: str) -> tuple[str | None, str | None, int | None]:
+        """``(stage, errorMessage, port)`` of Space ``repo_id``; stage None when it was never
+        started or was stopped (the caller knows whether it is paused or has no files)."""
+        run = self._run(repo_id)
+        with self._mu:
+            if run.requested > run.started:
+                return "BUILDING", None, run.port
+            if run.error_stage:
+                return run.error_stage, run.error, None
+            proc = run.proc
+            if proc is None:
+                return None, None, None
+            if proc.poll() is not None and not run.stopping:
+                return "RUNTIME_ERROR", self._exit_message(repo_id, proc.returncode), run.port
+            return ("RUNNING" if run.answered else "BUILDING"), None, run.port
+
+    def _exit_message(self, repo_id: str, code: int) -> str:
+        return f"the app exited with code {code}; last lines of its log:\n" + self.tail(repo_id)
+
+    def tail(self, repo_id: str, lines: int = ERROR_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the Space's log ('' without one)."""
+        try:
+            with open(self.log_path(repo_id), encoding="utf-8", errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    # ------------------------------------------------------------------------------ workers
+    def _rebuild(
+        self,
+        repo_id: str,
+        run: _Run,
+        gen: int,
+        files_dir: Path,
+        env: dict[str, str],
+        port: int | None,
+    ) -> None:
+        with run.lock:
+            if run.requested != gen:
+                return  # a later request (or a stop) supersedes this one
+            self._stop_proc(run)
+            error_stage, error, proc = None, None, None
+            try:
+                proc, port = self._launch(repo_id, files_dir, env, port)
+            except FileNotFoundError as e:
+                error_stage, error = "NO_APP_FILE", str(e)
+            except (DockerImageError, OSError, KeyError, ValueError) as e:
+                error_stage, error = "BUILD_ERROR", f"{type(e).__name__}: {e}"
+            with self._mu:
+                superseded = run.requested != gen
+                run.proc, run.port, run.answered, run.stopping = proc, port, False, False
+                run.error_stage, run.error = error_stage, error
+                run.started = gen
+            if error:
+                self._log(repo_id, f"build failed ({error_stage}): {error}")
+            if superseded and proc is not None:
+                self._stop_proc(run)
+        if proc is not None:
+            self._watch(run, proc, port)
+
+    def _launch(
+        self, repo_id: str, files_dir: Path, env: dict[str, str], port: int | None
+    ) -> tuple[subprocess.Popen, int]:
+        dockerfile = files_dir / "Dockerfile"
+        if not dockerfile.is_file():
+            raise FileNotFoundError("the Space has no Dockerfile at its root")
+        build = self.space_dir(repo_id) / "build"
+        shutil.rmtree(build, ignore_errors=True)
+        build.mkdir(parents=True)
+        df = parse_dockerfile(str(dockerfile))
+        img = build_image(df, str(build / "image"), str(files_dir), self.hidden_paths)
+        argv = img.start_command()
+        port = port if port and _port_free(port) else free_port()
+        owner, name = repo_id.split("/")
+        space = {
+            **env,
+            "PORT": str(port),
+            "SPACE_ID": repo_id,
+            "SPACE_AUTHOR_NAME": owner,
+            "SPACE_REPO_NAME": name,
+            "SPACE_HOST": f"127.0.0.1:{port}",
+            "HF_ENDPOINT": self.hub_url,
+        }
+        space.update({k: v.replace("{PORT}", str(port)) for k, v in self.space_env.items()})
+        full_env = img.env(**space)
+        log_path = self.log_path(repo_id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log(
+            repo_id,
+            f"starting {argv[1:]} in {img.cwd} on port {port} (variables and secrets: "
+            f"{sorted(env)})",
+        )
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                cwd=img.cwd,
+                env=full_env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stop() reaches its children
+            )
+        log.info("Space %s: pid %d on port %d (log %s)", repo_id, proc.pid, port, log_path)
+        return proc, port
+
+    def _log(self, repo_id: str, line: str) -> None:
+        """A line of the local Hub's own in the Space's log (never a variable's or secret's
+        value)."""
+        path = self.log_path(repo_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"[local hub {time.strftime('%H:%M:%S')}] {line}\n")
+
+    def _watch(self, run: _Run, proc: subprocess.Popen, port: int) -> None:
+        """Poll the app's port until it answers HTTP (RUNNING) or the process exits."""
+        url = f"http://127.0.0.1:{port}/"
+        while proc.poll() is None:
+            with self._mu:
+                if run.proc is not proc:
+                    return
+            if _answers(url):
+                with self._mu:
+                    if run.proc is proc:
+                        run.answered = True
+                return
+            time.sleep(POLL_S)
+
+    def _stop_proc(self, run: _Run) -> None:
+        """Stop ``run``'s process group (caller holds ``run.lock``)."""
+        with self._mu:
+            proc = run.proc
+            run.stopping = True
+        if proc is None:
+            return
+        _kill_group(proc)
+        with self._mu:
+            if run.proc is proc:
+                run.proc, run.answered = None, False
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group of ``proc`` (a session leader), then SIGKILL after
+    ``STOP_TIMEOUT_S``; also SIGKILLs children that outlive the leader."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        proc.poll()
+        return
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _answers(url: str) -> bool:
+    """Whether ``url`` answers HTTP at all (any status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _port_free(port: int) -> bool:
+    """Whether a server can bind ``port`` on 127.0.0.1 now (as uvicorn does, with
+    ``SO_REUSEADDR``: a port whose last connections are in TIME_WAIT counts as free)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
