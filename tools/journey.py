@@ -41,6 +41,9 @@ SMALL_RUN = (
 )
 
 
+CATCH_UP_S = 200.0  # how long the fault plan may still run once training has ended
+
+
 class JourneyError(RuntimeError):
     """A step of the journey did not end as a user expects; the message says which and why."""
 
@@ -98,6 +101,7 @@ class Journey:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         self.steps: list[dict] = []
         self.hub: HubProcess | None = None
+        self.faults: list[dict] = []
 
     def say(self, name: str, seconds: float, saw: str) -> None:
         self.steps.append({"step": name, "seconds": round(seconds, 1), "saw": saw})
@@ -182,7 +186,10 @@ class Journey:
         runs_root = self.root / "runs"
         extra = f"{SMALL_RUN} --runs-root {runs_root} {a.train_args}"
         cmd = f"{train_line} STEPS={a.steps} RUN_ID={run_id} TRAIN_ARGS={shlex.quote(extra)}"
-        self.sh("train", cmd, env, a.train_timeout_s)
+        if a.faults:
+            self.train_with_faults(cmd, env, train_line, runs_root / run_id)
+        else:
+            self.sh("train", cmd, env, a.train_timeout_s)
         train_s = time.monotonic() - t
         summary = json.loads((runs_root / run_id / "summary.json").read_text())
         if not summary.get("replica_bit_exact"):
@@ -234,6 +241,7 @@ class Journey:
         }
         report = {
             "steps": self.steps,
+            "faults": self.faults,
             "train_s": round(train_s, 1),
             "requests_during_training": requests,
             "requests_per_5_min": per_5min,
@@ -246,6 +254,48 @@ class Journey:
         for tok, c in sorted(per_5min.items()):
             print(f"  {tok:>16}: {c['api']:5d} / {c['resolver']:5d}", flush=True)
         return report
+
+    def train_with_faults(self, cmd: str, env: dict, train_line: str, run_dir: Path) -> None:
+        """Run the training line while :class:`~tools.journey_faults.FaultPlan` injects its
+        faults through the Hub; each fault must happen while training runs and end with the
+        replica caught up.
+
+        Raises:
+            JourneyError: training failed, or a fault came after training or was not recovered.
+        """
+        from huggingface_hub import HfApi
+
+        from tools.journey_faults import FaultPlan
+
+        rollout = dict(p.split("=", 1) for p in train_line.split() if "=" in p)["VLLM_URL"]
+        api = HfApi(endpoint=self.hub.url, token=self.hub.tokens["me-read"])
+        dashboard = self.space_url(api, f"me/{self.a.prefix}-dashboard")
+        log = self.root / "logs" / "train.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen(
+                cmd, shell=True, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT
+            )
+        plan = FaultPlan(self.hub, run_dir / "logs" / "steps.jsonl", rollout, dashboard, proc)
+        plan.start()
+        try:
+            code = proc.wait(self.a.train_timeout_s)
+        except subprocess.TimeoutExpired as e:
+            proc.kill()
+            raise JourneyError(f"train ran past {self.a.train_timeout_s:.0f}s:\n{tail(log)}") from e
+        plan.join(CATCH_UP_S)
+        self.faults = plan.report()
+        if code != 0:
+            raise JourneyError(
+                f"train exited {code} with faults injected; its log {log}:\n{tail(log)}"
+            )
+        if plan.error is not None:
+            raise JourneyError(f"the fault plan failed: {plan.error!r}")
+        late = [r["fault"] for r in self.faults if not r["training"] or r["recovery_s"] is None]
+        if len(self.faults) < 4 or late:
+            raise JourneyError(
+                f"expected 4 faults during training, each recovered; found "
+                f"{len(self.faults)}, not during training or not recovered: {late}"
+            )
 
     def dashboard_status(self, final: int, timeout_s: float = 120) -> dict:
         """The dashboard Space's ``/status`` once it shows the final version."""
@@ -307,6 +357,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warm-start-args", default="", help="warm-start flags, e.g. '--warm-start-games 300'"
     )
     p.add_argument("--train-args", default="", help="more trainer flags for the make train line")
+    p.add_argument(
+        "--faults",
+        action="store_true",
+        help="inject Hub faults while training runs (tools/journey_faults.py); "
+        "use with --steps 24 or more",
+    )
     p.add_argument("--spaces-timeout-s", type=float, default=600)
     p.add_argument("--train-timeout-s", type=float, default=1200)
     return p.parse_args(argv)

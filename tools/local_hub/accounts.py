@@ -234,12 +234,23 @@ class Accounts:
         return None
 
     # ------------------------------------------------------------------------------ log
-    def log(self, request: Request, status: int, kind: str | None, seconds: float, size: int):
-        """One JSON line per request in ``requests.jsonl`` (never a token's value)."""
+    def log(
+        self,
+        request: Request,
+        status: int,
+        kind: str | None,
+        seconds: float,
+        size: int,
+        who: str | None = None,
+    ):
+        """One JSON line per request in ``requests.jsonl`` (never a token's value): ``size``
+        bytes sent, ``in`` bytes received (``Content-Length``); ``who``: the token's name when the
+        request carries no Hub token (the CAS's Xet tokens and signed URLs name theirs)."""
         token = self.token_of(request)
         line = {
             "t": round(self.clock(), 3),
-            "token": token.name if token else None,
+            "token": token.name if token else who,
+            "in": int(request.headers.get("content-length") or 0),
             "client": request.headers.get("user-agent", "")[:120],
             "kind": kind,
             "method": request.method,
@@ -263,7 +274,9 @@ def rate_limit_headers(kind: str, limit: int, reset_s: int) -> dict[str, str]:
 
 def count_requests(path: Path, since: float = 0.0) -> dict:
     """Requests in a ``requests.jsonl`` at or after ``since`` (unix seconds), by token and class:
-    ``{token: {"api": n, "resolver": n, "other": n, "bytes": n}}``."""
+    ``{token: {"api": n, "resolver": n, "cas": n, "other": n, "bytes": n, "bytes_in": n}}``
+    (``cas``: requests to the Xet CAS and the file bridge, which the Hub's limits do not count;
+    ``bytes``: bytes sent to the token's holder, ``bytes_in``: bytes it sent)."""
     counts: dict[str, dict[str, int]] = {}
     with open(path, encoding="utf-8") as f:
         for raw in f:
@@ -271,8 +284,10 @@ def count_requests(path: Path, since: float = 0.0) -> dict:
             if line["t"] < since:
                 continue
             c = counts.setdefault(
-                line["token"] or "anonymous", {"api": 0, "resolver": 0, "other": 0, "bytes": 0}
+                line["token"] or "anonymous",
+                {"api": 0, "resolver": 0, "cas": 0, "other": 0, "bytes": 0, "bytes_in": 0},
             )
             c[line["kind"] or "other"] += 1
             c["bytes"] += line["bytes"]
+            c["bytes_in"] += line.get("in", 0)
     return counts

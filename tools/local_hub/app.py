@@ -54,16 +54,17 @@ class HubConfig:
 class Gate:
     """ASGI middleware: faults, rate limits and the request log (see the module docstring)."""
 
-    def __init__(self, app, accounts: Accounts):
+    def __init__(self, app, accounts: Accounts, who=None):
         self.app = app
         self.accounts = accounts
+        self.who = who  # the CAS origin's gate: names the token of a request; no faults, no limits
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         request = Request(scope)
         path = scope["path"]
-        kind = classify(path)
+        kind = classify(path) if self.who is None else "cas"
         seen = {"status": 0, "bytes": 0}
         start = time.monotonic()
 
@@ -75,7 +76,8 @@ class Gate:
             await send(message)
 
         try:
-            fault = None if path.startswith("/admin") else self.accounts.fault_for(request)
+            hub_route = self.who is None and not path.startswith("/admin")
+            fault = self.accounts.fault_for(request) if hub_route else None
             if fault is not None:
                 if fault["kind"] == "429":
                     limit = self.accounts.limits.get(kind or "api", 0)
@@ -99,16 +101,16 @@ class Gate:
                     await record({"type": "http.response.body", "body": b"{", "more_body": True})
                     return
                 await asyncio.sleep(float(fault.get("delay_s", 5)))  # slow
-            if kind is not None:
+            if kind in ("api", "resolver"):
                 headers = self.accounts.throttle(request, kind)
                 if headers is not None:
                     body = {"error": f"You have exceeded the {kind} rate limit"}
                     return await JSONResponse(body, 429, headers)(scope, receive, record)
             await self.app(scope, receive, record)
         finally:
-            self.accounts.log(
-                request, seen["status"], kind, time.monotonic() - start, seen["bytes"]
-            )
+            who = self.who(request) if self.who is not None else None
+            seconds = time.monotonic() - start
+            self.accounts.log(request, seen["status"], kind, seconds, seen["bytes"], who)
 
 
 def admin_router(accounts: Accounts, settings: BucketSettings) -> APIRouter:
@@ -223,6 +225,16 @@ class LocalHub:
 
         app.include_router(cas_router(self.cas, authorize, lambda request: self.cfg.cas_url))
         app.include_router(bridge_router(self.cas, self.signer, self.settings))
+
+        def who(request: Request) -> str | None:
+            auth = request.headers.get("authorization", "")
+            signed = (
+                auth[7:] if auth.lower().startswith("bearer ") else request.query_params.get("sig")
+            )
+            payload = self.signer.open(signed) if signed else None
+            return payload.get("n") if payload else None
+
+        app.add_middleware(Gate, accounts=self.accounts, who=who)
         return app
 
     async def serve(self) -> None:

@@ -293,7 +293,8 @@ def bucket_router(
     def xet_token(request: Request, bucket_id: str, write: bool):
         (writable if write else readable)(request, bucket_id)
         exp = int(time.time()) + XET_TOKEN_TTL_S
-        token = signer.sign({"b": bucket_id, "w": write, "exp": exp})
+        holder = accounts.token_of(request)
+        token = signer.sign({"b": bucket_id, "w": write, "exp": exp, "n": holder and holder.name})
         headers = {
             "X-Xet-Cas-Url": cas_url,
             "X-Xet-Access-Token": token,
@@ -338,7 +339,9 @@ def bucket_router(
         }
         if settings.resolve_304 and request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers=headers)
-        sig = signer.sign({"h": f["xetHash"], "exp": int(time.time()) + BRIDGE_URL_TTL_S})
+        holder = accounts.token_of(request)
+        exp = int(time.time()) + BRIDGE_URL_TTL_S
+        sig = signer.sign({"h": f["xetHash"], "exp": exp, "n": holder and holder.name})
         headers["Location"] = f"{cas_url}/bridge/{quote(path)}?sig={sig}"
         return Response(status_code=302, headers=headers)
 
@@ -348,13 +351,17 @@ def bucket_router(
     ):
         bucket_id = f"{ns}/{name}"
         meta = readable(request, bucket_id)
-        start = int(cursor) if cursor and cursor.isdigit() else meta["seq"]
         if cursor and not cursor.isdigit():
             raise HTTPException(400, "expected a cursor this Hub gave")
+        start = int(cursor) if cursor else meta["seq"]
+        if start > meta["seq"]:  # a cursor this bucket never gave (recreated): reconcile
+            reset = f"event: reset\ndata: {json.dumps({'reason': 'unknown cursor'})}\n\n"
+            return StreamingResponse(iter([reset]), media_type="text/event-stream")
         return StreamingResponse(_feed(request, bucket_id, start), media_type="text/event-stream")
 
     async def _feed(request: Request, bucket_id: str, seq: int):
-        """SSE: replayed ``changes`` after ``seq``, ``ready``, then live ``changes``."""
+        """SSE: replayed ``changes`` after ``seq``, ``ready``, then live ``changes`` (``since``
+        is not kept: without a cursor the feed starts at the bucket's current change)."""
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 

@@ -37,6 +37,7 @@ private Space's visitors).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -260,7 +261,29 @@ class SpaceRunner:
                 start_new_session=True,  # its own process group: stop() reaches its children
             )
         log.info("Space %s: pid %d on port %d (log %s)", repo_id, proc.pid, port, log_path)
+        (self.space_dir(repo_id) / "process.json").write_text(
+            json.dumps({"pid": proc.pid, "port": port})
+        )
         return proc, port
+
+    def adopt(self, repo_id: str) -> bool:
+        """Take over Space ``repo_id``'s process left running by a Hub that was killed (a Hub
+        outage does not restart Spaces): True when the process of its ``process.json`` is alive
+        and its port answers, then RUNNING as before; False otherwise (the caller starts it)."""
+        path = self.space_dir(repo_id) / "process.json"
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        proc = _Adopted(int(known["pid"]))
+        if proc.poll() is not None or not _answers(f"http://127.0.0.1:{known['port']}/"):
+            return False
+        run = self._run(repo_id)
+        with self._mu:
+            run.proc, run.port, run.answered, run.stopping = proc, int(known["port"]), True, False
+            run.started = run.requested
+        self._log(repo_id, f"adopted pid {proc.pid} on port {run.port} after a Hub restart")
+        return True
 
     def _log(self, repo_id: str, line: str) -> None:
         """A line of the local Hub's own in the Space's log (never a variable's or secret's
@@ -295,6 +318,34 @@ class SpaceRunner:
         with self._mu:
             if run.proc is proc:
                 run.proc, run.answered = None, False
+
+
+class _Adopted:
+    """A Space process this Hub did not start (see :meth:`SpaceRunner.adopt`), with the part of
+    ``subprocess.Popen`` the runner uses: ``pid``, ``poll``, ``wait``, ``returncode``."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                with open(f"/proc/{self.pid}/stat") as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                zombie = True
+            if zombie:
+                self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.1)
+        return self.returncode
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

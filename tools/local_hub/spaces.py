@@ -153,7 +153,7 @@ class SpaceStore:
         """Start every stored Space that is not paused (a Hub restart)."""
         for repo_id in self.all_ids():
             state = self.load(repo_id)
-            if state:
+            if state and (state.get("paused") or not self.runner.adopt(repo_id)):
                 self.rebuild(repo_id, state)
 
     def runtime(self, repo_id: str, state: dict) -> dict:

@@ -79,6 +79,9 @@ class FleetRouter:
         self.wait_s = wait_s
         self.request_timeout_s = request_timeout_s
         self.log_every_s = log_every_s
+        self._waiting_logged = float(
+            "-inf"
+        )  # when the last "waiting for a replica" line was logged
         self.max_request_s = 0.0  # the longest request answered: generation, retries and waits
         self._server = None
         self._thread: threading.Thread | None = None
@@ -163,7 +166,6 @@ class FleetRouter:
             prefer = self.affinity.replica_for(prompt) if prompt else None
             headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
             t0 = time.monotonic()
-            last_log = t0
             tried: set[str] = set()
             answered: _Answer | None = None  # a 5xx other than 503 from a live replica
             while True:
@@ -182,8 +184,12 @@ class FleetRouter:
                         )
                         log.error(msg)
                         return JSONResponse({"error": msg}, status_code=503)
-                    if time.monotonic() - last_log >= self.log_every_s:
-                        last_log = time.monotonic()
+                    # one line per log_every_s for the router, not one per waiting request
+                    if (
+                        waited >= self.log_every_s
+                        and time.monotonic() - self._waiting_logged >= self.log_every_s
+                    ):
+                        self._waiting_logged = time.monotonic()
                         log.warning(
                             "waiting %.0fs for a rollout replica: %s", waited, self.pool.describe()
                         )

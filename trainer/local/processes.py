@@ -214,6 +214,11 @@ def quiet_libraries() -> None:
     ):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("vllm").setLevel(logging.ERROR)
+    # huggingface_hub prints its records through a handler of its own as well as the root's:
+    # each retry warning appeared twice on the terminal.
+    from huggingface_hub.utils import logging as hf_logging
+
+    hf_logging.disable_default_handler()
     for handler in logging.getLogger().handlers:  # the terminal: libraries' INFO goes to the file
         handler.addFilter(_terminal_filter)
 
@@ -229,9 +234,24 @@ _LIBRARIES = (
 )  # the publisher's line per version: the step line has its figures
 
 
+# huggingface_hub's http_backoff warns twice per retry ("HTTP Error 503 thrown while
+# requesting ...", "Retrying in 4s [Retry 3/5]"): the terminal gets the first error of a minute.
+_HUB_RETRY_LOGGER = "huggingface_hub.utils._http"
+_HUB_RETRY_EVERY_S = 60.0
+_hub_retry_shown = [float("-inf")]
+
+
 def _terminal_filter(record: logging.LogRecord) -> bool:
     """Libraries' INFO lines (TRL logs every dropped sample and weight sync) stay off the
-    terminal; they reach ``runs/<run>/logs/trainer.log`` (:func:`log_to_file`)."""
+    terminal; they reach ``runs/<run>/logs/trainer.log`` (:func:`log_to_file`). Of
+    huggingface_hub's retry warnings, one line a minute reaches it (the rest, the file)."""
+    if record.name == _HUB_RETRY_LOGGER and record.levelno < logging.ERROR:
+        if not record.getMessage().startswith("HTTP Error"):
+            return False
+        if record.created - _hub_retry_shown[0] < _HUB_RETRY_EVERY_S:
+            return False
+        _hub_retry_shown[0] = record.created
+        return True
     return record.levelno >= logging.WARNING or not record.name.startswith(_LIBRARIES)
 
 

@@ -39,7 +39,7 @@ import os
 import threading
 import time
 
-from deltasync.errors import StoreAccessError, StoreError, StoreNotFoundError
+from deltasync.errors import StoreAccessError, StoreError, StoreNotFoundError, StoreRateLimitError
 from deltasync.manifest import MANIFEST_PATH, Manifest, VersionEntry
 from deltasync.status import (
     REPLICAS_DIR,
@@ -172,6 +172,8 @@ class BucketReader(FramesFromHistory):
                 detail = f"cannot read `{self.bucket}`: {e}"
                 if isinstance(e, StoreAccessError):
                     problem = Problem(ProblemKind.ACCESS_REFUSED, detail, summary=e.summary)
+                elif isinstance(e, StoreRateLimitError):
+                    problem = Problem(ProblemKind.RATE_LIMITED, detail)
                 else:
                     problem = Problem(ProblemKind.STORE_FAILED, detail)
                 self._changed = True  # an error is news: keep reading at the fastest

@@ -22,6 +22,7 @@ class ProblemKind(enum.Enum):
     MANIFEST_UNPARSABLE = "the manifest does not parse"
     ROOT_NOT_A_FOLDER = "the run root is not a folder"
     ACCESS_REFUSED = "{summary}"  # token refused or bucket missing: StoreAccessError.summary
+    RATE_LIMITED = "bucket unreadable: rate limited by the Hub (HTTP 429; retrying)"
     STORE_FAILED = "bucket unreadable: storage error (retrying)"  # any other storage failure
     HEARTBEAT_UNPARSABLE = "the heartbeat of replica {replica} does not parse"
     # the metrics, or the manifest after a good one was read (counted on public pages, not named)
