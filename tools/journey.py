@@ -66,6 +66,7 @@ def cpu_space_env(model: str) -> dict[str, str]:
         **(OMP_WAIT if omp_waits_passive() else {}),
         "MAX_MODEL_LEN": str(local_max_model_len(model)),
         "ROLLOUT_PUBLIC_URL": "http://127.0.0.1:{PORT}",
+        "VLLM_PORT": "{FREE_PORT}",  # vLLM behind the Space's front: one port per Space here
         "HF_HUB_DISABLE_TELEMETRY": "1",
     }
 

@@ -13,6 +13,11 @@ its own. Polling adapts, because bucket reads count against the Hub's rate limit
 that found nothing new the wait doubles up to ``max_poll_interval_s``, it snaps back to
 ``poll_interval_s`` once a new version appears, and it is ``error_poll_interval_s`` while the
 bucket cannot be read as configured (``StoreAccessError``: a refused token, a missing bucket).
+
+With a live event feed (``feed``, a ``deltasync.hub_events.ChangeFeed`` a long-lived reader
+attaches and whose signal sets the ``wake`` event of :meth:`Follower.follow`), the wait is the
+feed's ``safety_poll_s`` instead (:meth:`Follower.wait_s`): the follower polls when the feed says
+the manifest changed or asks for a reconcile, and otherwise once a minute.
 """
 
 from __future__ import annotations
@@ -149,6 +154,8 @@ class Follower:
         stuck: why no verified path to the newest version exists (None when one does).
         failed: the last poll ended in a reported error before anything verified.
         lock: held by each poll (a reader's control route and its thread poll one at a time).
+        feed: a ``deltasync.hub_events.ChangeFeed`` watching the manifest (None: polling only);
+            set by the reader that owns the follower.
     """
 
     def __init__(
@@ -187,6 +194,8 @@ class Follower:
         self.stuck: str | None = None
         self.failed = False
         self.lock = threading.RLock()
+        self.feed = None
+        self._lagging = False  # the last poll held back on purpose (sync_every)
 
     @property
     def local(self) -> bool:
@@ -214,6 +223,7 @@ class Follower:
         """
         with self.lock:
             self.failed = False
+            self._lagging = False
             try:
                 manifest = self.subscriber.read_manifest()
             except StoreAccessError as e:
@@ -239,18 +249,36 @@ class Follower:
                 return None
             return self._pull(manifest, plan)
 
+    def wait_s(self) -> float:
+        """Seconds to wait before the next poll: ``delay_s``, or, while ``feed`` is live and
+        the last poll did not fail, the feed's ``safety_poll_s`` (the feed wakes the follower
+        when the manifest changes); a forced lag (``sync_every``) still polls when
+        ``idle_sync_s`` is up."""
+        feed = self.feed
+        if feed is None or not feed.live or self.failed:
+            return self.delay_s
+        wait = max(self.delay_s, feed.safety_poll_s)
+        if self._lagging:
+            idle_left = self.idle_sync_s - (self.clock() - self._newest_since)
+            wait = max(self.delay_s, min(wait, idle_left))
+        return wait
+
     def follow(
-        self, stop: threading.Event, wake: threading.Event | None = None
+        self,
+        stop: threading.Event,
+        wake: threading.Event | None = None,
+        wait_s: Callable[[], float] | None = None,
     ) -> Iterator[Pulled | None]:
-        """Poll until ``stop`` is set: yields each poll's result, then waits ``delay_s`` (or
-        until ``wake`` is set). The poll's ``lock`` is held while the caller handles the result,
-        so a reader can serve a pull before anyone polls again."""
+        """Poll until ``stop`` is set: yields each poll's result, then waits ``wait_s()``
+        seconds (default :meth:`wait_s`) or until ``wake`` is set (a wake during a poll makes the
+        next poll start at once). The poll's ``lock`` is held while the caller handles the
+        result, so a reader can serve a pull before anyone polls again."""
         while not stop.is_set():
-            with self.lock:
-                yield self.poll()
-            (wake or stop).wait(self.delay_s)
             if wake is not None:
                 wake.clear()
+            with self.lock:
+                yield self.poll()
+            (wake or stop).wait(wait_s() if wait_s is not None else self.wait_s())
 
     def _lagging_on_purpose(self) -> bool:
         """Whether the forced lag (``sync_every``) keeps the held version for now."""
@@ -261,6 +289,7 @@ class Follower:
         idle = self.clock() - self._newest_since >= self.idle_sync_s
         if 0 < behind < self.sync_every and not idle:
             self.delay_s = min(self.delay_s, self.idle_sync_s)
+            self._lagging = True
             return True
         return False
 

@@ -8,6 +8,7 @@ is checked as a user sees it, and the requests are counted at the Hub."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -48,3 +49,8 @@ def test_the_journey_through_a_local_hub(tmp_path, e2e_warm_start, capsys):
     assert "HTTP Request:" not in out and "Processing Files" not in out
     train_log = (tmp_path / "logs" / "train.log").read_text()
     assert "HTTP Request:" not in train_log and "New Data Upload" not in train_log
+    # make journey leaves nothing running: the Hub stopped its Spaces' processes
+    for known in (tmp_path / "hub" / "spaces").glob("*/*/process.json"):
+        pid = json.loads(known.read_text())["pid"]
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)

@@ -101,3 +101,30 @@ def test_a_relative_model_folder_reaches_the_replica_as_an_absolute_path(monkeyp
     assert env["MODEL"] == str(tmp_path / "models" / "m")
     processes.start_replica("file:///nowhere", "Qwen/Qwen3-0.6B", "/tmp")  # a hub id: as is
     assert env["MODEL"] == "Qwen/Qwen3-0.6B"
+
+
+def test_a_burst_of_hub_retries_is_one_terminal_line():
+    """huggingface_hub's http_backoff warns twice per retry (and its own handler printed each
+    once more): the terminal gets the first error of the burst, the file every line."""
+    import io
+    import logging
+
+    from trainer.local import processes
+
+    out = io.StringIO()
+    terminal = logging.StreamHandler(out)
+    root = logging.getLogger()
+    root.addHandler(terminal)
+    processes._hub_retry_shown[0] = float("-inf")
+    try:
+        processes.quiet_libraries()
+        hub_log = logging.getLogger("huggingface_hub.utils._http")
+        for i in range(5):
+            hub_log.warning("HTTP Error 503 thrown while requesting HEAD http://hub/x")
+            hub_log.warning("Retrying in %ds [Retry %d/5].", 2**i, i + 1)
+    finally:
+        root.removeHandler(terminal)
+    assert out.getvalue().splitlines() == [
+        "HTTP Error 503 thrown while requesting HEAD http://hub/x"
+    ]
+    assert logging.getLogger("huggingface_hub").handlers == []

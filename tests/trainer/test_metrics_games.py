@@ -204,3 +204,38 @@ def _eval_block() -> dict:
         "shaped_reward_mean": 0.45,
         "per_seed": [0.1, 0.2, 1.0, 0.7],
     }
+
+
+def test_a_stalled_metrics_write_does_not_stall_training():
+    """A Hub outage stalls hf_xet's upload for minutes: the step's metrics write must not wait
+    for it. The steps go on, the newest metrics replace a write still waiting, and the end of
+    training waits until the last one is written."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
+    from trainer.loop.metrics import BucketMetricsCallback
+
+    class StalledStore:
+        uri = "memory://stalled"
+
+        def __init__(self):
+            self.release, self.written = threading.Event(), []
+
+        def write_bytes(self, path, data):
+            self.release.wait(30)
+            self.written.append((path, data))
+
+    store = StalledStore()
+    cb = BucketMetricsCallback(store, "run", _FakePublisher())
+    t0 = time.monotonic()
+    for step in range(1, 6):
+        cb.on_log(None, SimpleNamespace(global_step=step), None, logs={"loss": 0.1, "reward": 0.1})
+    assert time.monotonic() - t0 < 5  # five steps logged while the first write hangs
+    store.release.set()
+    cb.on_train_end(None, SimpleNamespace(global_step=5), None)
+    # the hung write (step 1), then only the newest content: nothing of steps 2-4 on its own
+    assert 2 <= len(store.written) <= 3
+    last = TrainerMetrics.model_validate_json(store.written[-1][1])
+    assert store.written[-1][0] == TRAINER_METRICS_PATH and last.steps[-1].step == 5

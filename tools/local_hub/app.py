@@ -255,7 +255,13 @@ class LocalHub:
             for app, port in ((self.hub_app(), self.cfg.port), (self.cas_app(), self.cfg.cas_port))
         ]
         try:
-            await asyncio.gather(*(s.serve() for s in servers))
+            # Each uvicorn server installs its own SIGTERM/SIGINT handler and the last one wins:
+            # when one server stops, stop the other too.
+            tasks = [asyncio.ensure_future(s.serve()) for s in servers]
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for s in servers:
+                s.should_exit = True
+            await asyncio.gather(*tasks)
         finally:
             stop = getattr(self.spaces, "stop_all", None)
             if stop is not None:

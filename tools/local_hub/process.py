@@ -94,15 +94,23 @@ class HubProcess:
         raise RuntimeError(f"the local Hub did not answer in {timeout_s:.0f}s:\n{self.log_tail()}")
 
     def stop(self, kill: bool = False) -> None:
-        """Stop it (SIGKILL at once with ``kill``, as a crash; else SIGTERM, then SIGKILL)."""
+        """Stop it: with ``kill``, SIGKILL at once, as a crash (its Spaces, other processes,
+        keep running and a restarted Hub takes them over); else SIGTERM (it stops its Spaces),
+        SIGKILL after 60 s, and any Space process still alive then is stopped here."""
         if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
         try:
-            self.proc.wait(15)
+            self.proc.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        if not kill:
+            for known in (self.root / "spaces").glob("*/*/process.json"):
+                try:
+                    os.killpg(json.loads(known.read_text())["pid"], signal.SIGKILL)
+                except (ProcessLookupError, PermissionError, ValueError, KeyError):
+                    pass
 
     def log_tail(self, n: int = 3000) -> str:
         path = self.root / "hub.log"

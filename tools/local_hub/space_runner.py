@@ -85,7 +85,8 @@ class SpaceRunner:
     Args:
         root: folder of the Spaces' build trees and logs (``<root>/<owner>/<name>/``).
         hub_url: the local Hub's URL, given to every Space as ``HF_ENDPOINT``.
-        space_env: extra environment for every Space, applied last (``{PORT}`` is replaced).
+        space_env: extra environment for every Space, applied last (``{PORT}`` and
+            ``{FREE_PORT}`` are replaced).
         hidden_paths: folders taken off the Space processes' ``sys.path`` (default: this
             checkout's ``shared/`` and ``spaces/``).
     """
@@ -151,11 +152,14 @@ class SpaceRunner:
                     run.error_stage = run.error = None
 
     def stop_all(self) -> None:
-        """Stop every Space process (the local Hub's shutdown)."""
+        """Stop every Space process (the local Hub's shutdown), all at once."""
         with self._mu:
             ids = list(self._runs)
-        for repo_id in ids:
-            self.stop(repo_id)
+        stops = [threading.Thread(target=self.stop, args=(r,)) for r in ids]
+        for t in stops:
+            t.start()
+        for t in stops:
+            t.join()
 
     # ------------------------------------------------------------------------------ state
     def stage(self, repo_id: str) -> tuple[str | None, str | None, int | None]:
@@ -241,7 +245,8 @@ class SpaceRunner:
             "SPACE_HOST": f"127.0.0.1:{port}",
             "HF_ENDPOINT": self.hub_url,
         }
-        space.update({k: v.replace("{PORT}", str(port)) for k, v in self.space_env.items()})
+        for k, v in self.space_env.items():  # {PORT}: the app's port; {FREE_PORT}: another one
+            space[k] = v.replace("{PORT}", str(port)).replace("{FREE_PORT}", str(free_port()))
         full_env = img.env(**space)
         log_path = self.log_path(repo_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)

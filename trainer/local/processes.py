@@ -214,11 +214,11 @@ def quiet_libraries() -> None:
     ):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("vllm").setLevel(logging.ERROR)
-    # huggingface_hub prints its records through a handler of its own as well as the root's:
-    # each retry warning appeared twice on the terminal.
-    from huggingface_hub.utils import logging as hf_logging
+    # huggingface_hub's library logger has a stream handler of its own (utils/logging.py) and
+    # propagates to the root's: each retry warning appeared twice on the terminal.
+    import huggingface_hub.utils.logging  # noqa: F401  (adds that handler on first import)
 
-    hf_logging.disable_default_handler()
+    logging.getLogger("huggingface_hub").handlers.clear()
     for handler in logging.getLogger().handlers:  # the terminal: libraries' INFO goes to the file
         handler.addFilter(_terminal_filter)
 
@@ -246,12 +246,15 @@ def _terminal_filter(record: logging.LogRecord) -> bool:
     terminal; they reach ``runs/<run>/logs/trainer.log`` (:func:`log_to_file`). Of
     huggingface_hub's retry warnings, one line a minute reaches it (the rest, the file)."""
     if record.name == _HUB_RETRY_LOGGER and record.levelno < logging.ERROR:
-        if not record.getMessage().startswith("HTTP Error"):
-            return False
-        if record.created - _hub_retry_shown[0] < _HUB_RETRY_EVERY_S:
-            return False
-        _hub_retry_shown[0] = record.created
-        return True
+        shown = getattr(record, "deltasync_shown", None)  # one decision for every handler
+        if shown is None:
+            shown = record.getMessage().startswith("HTTP Error") and (
+                record.created - _hub_retry_shown[0] >= _HUB_RETRY_EVERY_S
+            )
+            if shown:
+                _hub_retry_shown[0] = record.created
+            record.deltasync_shown = shown
+        return shown
     return record.levelno >= logging.WARNING or not record.name.startswith(_LIBRARIES)
 
 

@@ -8,12 +8,14 @@ import json
 import logging
 import math
 import statistics
+import threading
 import time
 
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
+from deltasync.errors import StoreError
 from deltasync.status import (
     TRAINER_METRICS_PATH,
     EvalResult,
@@ -52,6 +54,12 @@ class BucketMetricsCallback(TrainerCallback):
             every step. Evaluations and the end of training always write.
         fleet: ``f() -> list[dict]``: the fleet's per-replica rows
             (``trainer.fleet.pool.ReplicaPool.replica_rows``), or None.
+
+    The file is written on a thread of its own, newest content first (a write waiting behind a
+    slow one is replaced by the next): a Hub outage stalls hf_xet's upload for minutes (its
+    Xet-token retries back off from 3 s, up to 360 s: docs/BENCHMARKS.md section 13), and the
+    training step must not wait for it. A failed write logs one line; the next write carries
+    the newer metrics. Evaluations and the end of training wait until their write is done.
     """
 
     def __init__(
@@ -70,6 +78,10 @@ class BucketMetricsCallback(TrainerCallback):
         remote = str(store.uri).startswith(("hf://", "s3://"))
         self.min_write_interval_s = min_write_interval_s if remote else 0.0
         self._written_at = float("-inf")
+        self._pending: bytes | None = None  # the newest content not yet handed to the store
+        self._writing = False
+        self._cv = threading.Condition()
+        self._writer: threading.Thread | None = None
         self.publisher = publisher
         self.tagger = tagger
         self.keep = keep
@@ -104,6 +116,28 @@ class BucketMetricsCallback(TrainerCallback):
         fields = {k: block[k] for k in EvalResult.model_fields if k in block}
         self.metrics.evals.append(EvalResult(label=label, step=step, version=version, **fields))
         self._write()
+        self.flush()
+
+    def flush(self) -> None:
+        """Wait until every metrics content handed over so far is written (or failed)."""
+        with self._cv:
+            while self._pending is not None or self._writing:
+                self._cv.wait()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._pending is None:
+                    self._cv.wait()
+                payload, self._pending, self._writing = self._pending, None, True
+            try:
+                self.store.write_bytes(TRAINER_METRICS_PATH, payload)
+            except StoreError as e:  # the next write carries newer metrics; training goes on
+                log.warning("metrics not written (the next step's write retries): %s", e)
+            finally:
+                with self._cv:
+                    self._writing = False
+                    self._cv.notify_all()
 
     def _write(self, force: bool = True) -> None:
         now = time.monotonic()
@@ -115,10 +149,19 @@ class BucketMetricsCallback(TrainerCallback):
             self.metrics.fleet = [
                 FleetMember(**{k: r[k] for k in FleetMember.model_fields}) for r in self.fleet()
             ]
-        self.store.write_bytes(TRAINER_METRICS_PATH, self.metrics.model_dump_json().encode())
+        payload = self.metrics.model_dump_json().encode()
+        with self._cv:
+            self._pending = payload
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_loop, name="metrics-writer", daemon=True
+                )
+                self._writer.start()
+            self._cv.notify_all()
 
     def on_train_end(self, args, state, control, **kwargs):
         self._write()
+        self.flush()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}

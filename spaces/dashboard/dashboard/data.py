@@ -9,6 +9,13 @@ while nothing changes (:meth:`BucketReader.next_read_delay_s`). Parsed objects a
 was seen is kept in a bounded history, so plots keep versions, syncs and steps that retention or
 the heartbeat's bounded ``recent`` list have since dropped.
 
+On an ``hf://`` bucket whose event feed is live (``deltasync.hub_events``, started at the first
+read; ``follow_events``), the reader is told which of its files changed: a read is due when one
+did (still at most every ``min_interval_s``) or when the feed asks for a reconcile, otherwise
+once a minute (a safety read); within a read, a file the feed reports unchanged is not requested
+again, and ``replicas/`` is listed only when a heartbeat appears or goes (and at reconcile and
+safety reads). Where the feed is not available the reader polls as described above.
+
 An adapter run (``Manifest.adapter`` set) is read the same way: its versions, payload bytes and
 the replicas' held versions are the adapter's; :attr:`RunView.adapter` names it, and the
 view's lines say "adapter version".
@@ -79,6 +86,8 @@ class BucketReader(FramesFromHistory):
         heartbeat_every_s: seconds between re-reads of known heartbeats (default 0 local, 30
             remote).
         clock: monotonic seconds (tests pass a simulated clock).
+        follow_events: on an ``hf://`` bucket, follow its event feed (``deltasync.hub_events``)
+            and read when it reports a change; False: poll only.
 
     Thread-safe: concurrent :meth:`read` calls are serialised.
     """
@@ -95,6 +104,7 @@ class BucketReader(FramesFromHistory):
         list_every_s: float | None = None,
         heartbeat_every_s: float | None = None,
         clock=time.monotonic,
+        follow_events: bool = True,
     ):
         if not bucket:
             raise ValueError("expected a bucket URI (a folder, file://, memory://, hf://, s3://)")
@@ -132,12 +142,45 @@ class BucketReader(FramesFromHistory):
         self._fleet: dict[str, FleetMember] = {}  # replica id -> the trainer's view of it
         self._fleet_at: float | None = None  # updated_at of the metrics that view came from
         self._served_per_s: dict[str, float] = {}  # replica id -> answers/s between two views
+        self.follow_events = follow_events
+        self.feed = None  # deltasync.hub_events.ChangeFeed, started at the first read on hf://
+        self._changed_event = threading.Event()  # set by the feed's thread
+        self._trusted: dict[str, str] | None = None  # this read: feed-reported changes (or None)
+        self._dirty: set[str] = set()  # files the feed reported changed and not read since
+        self._missing: set[str] = set()  # files found missing at their last read
+        self._read_at: float | None = None  # clock time of the last read
+        self._safety_at: float | None = None  # clock time of the last full (reconcile) read
         self._reset_history(None)
 
     def next_read_delay_s(self) -> float:
-        """Seconds until the next read is worth doing: ``min_interval_s`` after a read that saw
-        a change, doubling while nothing changes, up to ``max_interval_s``."""
-        return self._delay
+        """Seconds (after the last read) until the next read is worth doing: ``min_interval_s``
+        after a read that saw a change, doubling while nothing changes, up to ``max_interval_s``.
+        With a live event feed: ``min_interval_s`` once the feed reported a change or asks for a
+        reconcile, else its ``safety_poll_s``."""
+        if self.feed is None or not self.feed.live:
+            return self._delay
+        if self.feed.pending or self._changed or self._dirty:
+            return self.min_interval_s
+        return max(self._delay, self.feed.safety_poll_s)
+
+    def wait_for_change(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the event feed to report a change or a
+        reconcile (returns at once when one is pending); whether one did. Without a feed it
+        just waits."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._changed_event.clear()
+            if self.feed is not None and self.feed.pending:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._changed_event.wait(left):
+                return False
+
+    def close(self) -> None:
+        """Stop following the event feed (reads still work, polling)."""
+        if self.feed is not None:
+            self.feed.close()
+            self.feed = None
 
     def _reset_history(self, run_id: str | None) -> None:
         self._run_id = run_id
@@ -164,6 +207,7 @@ class BucketReader(FramesFromHistory):
             now = time.time() if now is None else now
             self._stats = ReadStats()
             self._changed = False
+            self._take_feed()
             warnings: list[Problem] = []
             try:
                 problem = self._poll(warnings)
@@ -177,6 +221,7 @@ class BucketReader(FramesFromHistory):
                 else:
                     problem = Problem(ProblemKind.STORE_FAILED, detail)
                 self._changed = True  # an error is news: keep reading at the fastest
+            self._dirty &= set(self._cache)  # a file not kept is read in full next time anyway
             m = self._manifest
             if problem is None:
                 state, message = "ok", self._ok_message()
@@ -207,6 +252,37 @@ class BucketReader(FramesFromHistory):
                 stats=self._stats,
             )
 
+    def _take_feed(self) -> None:
+        """Decide what this read may skip: with a live feed, the files it reported changed are
+        read (conditionally) and the others answered from the cache; a reconcile (first read,
+        reconnect, ``reset``, a dropped stream) or a safety read (``safety_poll_s`` since the last
+        full one) reads everything."""
+        now = self._clock()
+        self._read_at = now
+        self._trusted = None
+        feed = self.feed
+        if feed is None:
+            return
+        changes, reconcile = feed.take()
+        self._dirty |= set(changes)
+        safety = self._safety_at is None or now - self._safety_at >= feed.safety_poll_s
+        if not feed.live or reconcile or safety:
+            self._safety_at = now
+            self._dirty.clear()
+            return
+        self._trusted = changes
+        listed = set(self._listing)
+        for path, op in changes.items():
+            if path.startswith(REPLICAS_DIR + "/") and (op == "delete") == (path in listed):
+                self._listed_at = None  # a heartbeat appeared or went: list again
+
+    def _start_feed(self, store: Store) -> None:
+        if self.follow_events and self.feed is None and getattr(store, "hub", None) is not None:
+            from deltasync.hub_events import follow_changes
+
+            watched = [MANIFEST_PATH, TRAINER_METRICS_PATH, REPLICAS_DIR + "/"]
+            self.feed = follow_changes(store, watched, self._changed_event.set, owner=self)
+
     def _open(self) -> tuple[Store | None, Problem | None]:
         """The Store, or None and the problem that stops the poll: a local run root that does not
         exist yet (it is not created) or that is not a folder (checked on every poll, one stat,
@@ -233,6 +309,7 @@ class BucketReader(FramesFromHistory):
                 self._store = Store(resolved, retries=self.retries, backoff_s=0.2, create=False)
             except ValueError as e:  # bad URI (e.g. hf:// not a bucket, unknown protocol)
                 raise StoreError(f"not a usable store URI: {e}") from e
+        self._start_feed(self._store)
         return self._store, None
 
     def _poll(self, warnings: list[Problem]) -> Problem | None:
@@ -255,10 +332,16 @@ class BucketReader(FramesFromHistory):
             StoreError: the store failed.
         """
         hit = self._cache.get(path)
+        known = hit is not None or path in self._missing
+        if known and self._trusted is not None and path not in self._dirty:
+            return hit[1] if hit else None  # the live feed reported no change: no request
         self._stats.stat_calls += 1
+        self._dirty.discard(path)
+        self._missing.discard(path)
         try:
             data, tag = store.read_if_changed(path, hit[0] if hit else None)
         except StoreNotFoundError:
+            self._missing.add(path)
             if self._cache.pop(path, None) is not None:
                 self._changed = True
             return None
@@ -353,7 +436,10 @@ class BucketReader(FramesFromHistory):
 
     def _read_heartbeats(self, store: Store, warnings: list[Problem]) -> None:
         now = self._clock()
-        if self._listed_at is None or now - self._listed_at >= self.list_every_s:
+        timer_due = self._listed_at is None or now - self._listed_at >= self.list_every_s
+        if self._trusted is not None and self._listed_at is not None:
+            timer_due = False  # the live feed says when a heartbeat appears or goes
+        if timer_due:
             self._listing = self._ls(store, REPLICAS_DIR)
             self._listed_at = now
         elif self._hb_read_at is not None and now - self._hb_read_at < self.heartbeat_every_s:

@@ -62,6 +62,14 @@ class HeartbeatSchedule:
         self._pending = False
         return True
 
+    def next_due_s(self) -> float:
+        """Seconds until a heartbeat is due (0: now): ``interval_s`` after the last write, or
+        ``min_gap_s`` after it while a forced write waits."""
+        if self._last is None:
+            return 0.0
+        wait = self.min_gap_s if self._pending else self.interval_s
+        return max(0.0, self._last + wait - self._clock())
+
     def forget(self) -> None:
         """Make the next heartbeat due whatever the gap (the final ``stopped`` one)."""
         self._last = None

@@ -12,7 +12,11 @@ One poll (``SyncLoop.poll_once``):
    (``/update_weight_version``), reset the prefix cache, ``resume``. The pause holds no network
    transfer and no decode.
 
-Polling adapts as the ``Follower`` does (bucket reads cost Hub requests on ``hf://``). A bucket
+Polling adapts as the ``Follower`` does (bucket reads cost Hub requests on ``hf://``). On an
+``hf://`` bucket whose event feed is live (``deltasync.hub_events``; ``follow_events``, started by
+``start``), the loop polls when the feed says ``manifest.json`` changed or asks for a reconcile
+(a first connect, a reconnect, a ``reset``), and otherwise once a minute (a safety poll, sooner
+when a heartbeat is due); where the feed is not available it polls as above. A bucket
 that cannot be read as configured (a refused token, a missing bucket: ``StoreAccessError``) sets
 state ``error`` with the reason in ``last_error`` at the first poll and is retried every
 ``error_poll_interval_s``; the loop never exits on it. On remote stores heartbeats are written at
@@ -43,6 +47,8 @@ from collections.abc import Callable
 
 from deltasync.errors import StoreAccessError, StoreError
 from deltasync.follow import Follower, Pulled
+from deltasync.hub_events import follow_changes
+from deltasync.manifest import MANIFEST_PATH
 from deltasync.status import ReplicaHeartbeat, SyncRecord, lag_s, lag_versions, write_heartbeat
 
 from .apply_plan import ModelInfo, choose_apply_path
@@ -79,6 +85,8 @@ class SyncLoop:
         public_url: the URL trainers reach this replica at, announced in its heartbeat.
         adapter: serve a LoRA adapter run on the base model (None: a full-weight run).
         sync_every: the follower's forced lag (``SYNC_EVERY``; ``deltasync.follow.Follower``).
+        follow_events: on an ``hf://`` bucket, follow its event feed from ``start`` on and poll
+            when the manifest changes (``deltasync.hub_events``); False: poll only.
 
     Raises (from ``start``/``connect``):
         rollout.apply_plan.UnsupportedModelError: the served model cannot take exact bf16 updates
@@ -103,7 +111,9 @@ class SyncLoop:
         public_url: str | None = None,
         adapter: AdapterTarget | None = None,
         sync_every: int = 1,
+        follow_events: bool = True,
     ):
+        self.follow_events = follow_events
         self.follower = Follower(
             CheckedSubscriber(bucket, adapter),
             poll_interval_s=poll_interval_s,
@@ -169,6 +179,10 @@ class SyncLoop:
         """Connect, then poll on a daemon thread until ``stop``."""
         if self.info is None:
             self.connect()
+        if self.follow_events and self.follower.feed is None:
+            self.follower.feed = follow_changes(
+                self.store, [MANIFEST_PATH], on_signal=self._wake.set, owner=self
+            )
         self._thread = threading.Thread(target=self._run, name="deltasync-sync", daemon=True)
         self._thread.start()
 
@@ -185,6 +199,8 @@ class SyncLoop:
         self._set_state(SyncState.STOPPED)
         self._beats.forget()  # the final heartbeat is written whatever the gap
         self._heartbeat(force=True)
+        if self.follower.feed is not None:
+            self.follower.feed.close()
         self.follower.close()
 
     def wake(self) -> None:
@@ -223,13 +239,22 @@ class SyncLoop:
     def error_poll_interval_s(self) -> float:
         return self.follower.error_poll_interval_s
 
+    @property
+    def feed_live(self) -> bool:
+        """Whether the bucket's event feed is followed now (polls only on its changes)."""
+        return self.follower.feed is not None and self.follower.feed.live
+
     def next_poll_delay_s(self) -> float:
-        """Seconds to wait before the next poll (``Follower.delay_s``)."""
-        return self.follower.delay_s
+        """Seconds to wait before the next poll (``Follower.delay_s``; with a live event feed
+        ``Follower.wait_s``, a safety poll, cut short to write a heartbeat when one is due)."""
+        wait = self.follower.wait_s()
+        if wait > self.follower.delay_s:  # a live feed: keep heartbeats on time
+            wait = max(self.follower.delay_s, min(wait, self._beats.next_due_s()))
+        return wait
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            polls = self.follower.follow(self._stop, self._wake)
+            polls = self.follower.follow(self._stop, self._wake, self.next_poll_delay_s)
             try:
                 for pulled in polls:
                     self._serve(pulled)
