@@ -142,13 +142,14 @@ class Accounts:
             json.dump([dataclasses.asdict(t) for t in self.tokens.values()], f, indent=1)
         os.replace(tmp, self._path)
 
-    def token_of(self, request: Request) -> Token | None:
-        """The request's bearer token (None when it sends none, or one the Hub does not know)."""
+    def token_of(self, request: Request, revoked: bool = False) -> Token | None:
+        """The request's bearer token (None when it sends none, or one the Hub does not know;
+        a revoked one only with ``revoked``, as the request log names it)."""
         auth = request.headers.get("authorization", "")
         if not auth.lower().startswith("bearer "):
             return None
         token = self.tokens.get(auth[7:].strip())
-        return None if token is None or token.revoked else token
+        return None if token is None or (token.revoked and not revoked) else token
 
     def authorize(self, request: Request, *, write: bool, resource: str | None = None) -> str:
         """The user owning the request's token.
@@ -246,7 +247,7 @@ class Accounts:
         """One JSON line per request in ``requests.jsonl`` (never a token's value): ``size``
         bytes sent, ``in`` bytes received (``Content-Length``); ``who``: the token's name when the
         request carries no Hub token (the CAS's Xet tokens and signed URLs name theirs)."""
-        token = self.token_of(request)
+        token = self.token_of(request, revoked=True)
         line = {
             "t": round(self.clock(), 3),
             "token": token.name if token else who,
