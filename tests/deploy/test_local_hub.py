@@ -171,3 +171,29 @@ def test_a_publish_prints_no_progress_bars(hub):
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout + done.stderr
     assert "Processing Files" not in out and "New Data Upload" not in out and "it/s" not in out, out
+
+
+def test_the_rate_limit_counts_api_and_resolver_per_token_as_the_hub_does(hub):
+    import httpx
+
+    store(hub, hub.tokens["me-write"]).write_bytes("limits/a.json", b"{}")
+    hub.admin("POST", "/admin/settings", {"limits": {"api": 3, "resolver": 4}})
+    try:
+        token = hub.new_token("read", name="limited")
+        other = hub.new_token("read", name="unlimited-neighbour")
+        auth = {"Authorization": f"Bearer {token}"}
+        api = [httpx.get(f"{hub.url}/api/buckets/me/run", headers=auth) for _ in range(4)]
+        assert [r.status_code for r in api] == [200, 200, 200, 429]
+        refused = api[-1].headers
+        reset = int(refused["retry-after"])
+        assert 1 <= reset <= 300 and refused["ratelimit"] == f'"api";r=0;t={reset}'
+        assert refused["ratelimit-policy"] == '"fixed window";"api";q=3;w=300'
+        # the resolver is its own window: still open for this token
+        url = f"{hub.url}/buckets/me/run/resolve/limits/a.json"
+        codes = [httpx.get(url, headers=auth).status_code for _ in range(5)]
+        assert codes == [302, 302, 302, 302, 429]
+        # and another token has windows of its own
+        other_auth = {"Authorization": f"Bearer {other}"}
+        assert httpx.get(f"{hub.url}/api/buckets/me/run", headers=other_auth).status_code == 200
+    finally:
+        hub.admin("POST", "/admin/settings", {"limits": {"api": 1000, "resolver": 5000}})
