@@ -249,6 +249,32 @@ def _kind(flag: str) -> Callable[[str], object]:
     return _parse_bool if hint is bool else hint
 
 
+def field_docs(cls) -> dict[str, str]:
+    """``{field: its description}`` from the ``Attributes:`` section of a settings class's
+    docstring (Google style: ``name: text``, continuation lines indented further), as ``--help``
+    shows them; {} where the class documents none."""
+    docs: dict[str, str] = {}
+    lines = (cls.__doc__ or "").split("\n")
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
+    except StopIteration:
+        return docs
+    indent, name = None, None
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip())
+        indent = depth if indent is None else indent
+        if depth < indent:
+            break  # the section ended
+        head, sep, text = line.strip().partition(": ")
+        if depth == indent and sep and head.isidentifier():
+            name, docs[head] = head, text
+        elif name is not None:
+            docs[name] += " " + line.strip()
+    return {k: v.replace("``", "") for k, v in docs.items()}
+
+
 def from_args(argv: list[str] | None = None) -> TrainConfig:
     """Build the config from command-line flags (``--max-steps 30``, one per :data:`FLAGS` entry,
     listed by section in ``--help``), falling back to the environment variables the flags name,
@@ -270,11 +296,13 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
         if section not in groups:
             doc = typing.get_type_hints(TrainConfig)[section].__doc__ or ""
             groups[section] = p.add_argument_group(section, doc.strip().split("\n")[0])
+        default = f"default: {f'${var}, else ' if var else ''}{_default(flag)}"
+        doc = field_docs(typing.get_type_hints(TrainConfig)[section]).get(FLAGS[flag][1])
         groups[section].add_argument(
             "--" + flag.replace("_", "-"),
             type=_kind(flag),
             default=None,  # not given: the variable, else the field's default
-            help=f"default: {f'${var}, else ' if var else ''}{_default(flag)}",
+            help=(f"{doc} ({default})" if doc else default).replace("%", "%%"),
         )
     ns = p.parse_args(argv)
     kw = {}

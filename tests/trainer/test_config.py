@@ -108,9 +108,8 @@ def test_flags_win_over_variables_and_secrets_have_no_flag(env, capsys):
             from_args([secret, "x"])
     with pytest.raises(SystemExit):
         from_args(["--help"])
-    assert (
-        f"default: $STEPS, else {TrainConfig().grpo.max_steps}"
-        in capsys.readouterr().out.replace("\n", " ")
+    assert f"default: $STEPS, else {TrainConfig().grpo.max_steps}" in " ".join(
+        capsys.readouterr().out.split()
     )
 
 
@@ -234,3 +233,19 @@ def test_a_simulated_network_and_a_forced_lag_reach_the_local_replica(env, capsy
     with pytest.raises(SystemExit):
         from_args([])
     assert "NET='moon': expected local, spaces, slow" in capsys.readouterr().err
+
+
+def test_every_flag_says_what_it_sets_in_help(capsys):
+    """--help gives each flag its field's description (the settings classes' Attributes), then
+    its default and the variable it reads."""
+    import pytest
+
+    from trainer.config import FLAGS, from_args
+
+    with pytest.raises(SystemExit):
+        from_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--learning-rate LEARNING_RATE" in text and "(default: $BUCKET, else None)" in text
+    shown = [f for f in FLAGS if f"--{f.replace('_', '-')} " in text]
+    undocumented = [f for f in shown if f"--{f.replace('_', '-')} {f.upper()} (default:" in text]
+    assert shown and not undocumented, undocumented

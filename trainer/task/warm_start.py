@@ -45,7 +45,8 @@ class WarmStartConfig:
         epochs: passes over the SFT set.
         tokens_per_batch: packed tokens per optimizer step.
         learning_rate: AdamW peak learning rate (linear warm-up 5%, cosine decay to 10%).
-        hidden_size, layers: model size.
+        hidden_size: the local model's hidden size.
+        layers: the local model's decoder layers.
         init: ``spelling`` or ``random`` (``trainer.task.wordle_model.build_model``).
         board: tool replies carry the board (``trainer.task.board``); False: the environment's text
             only (an ablation: the model must then align the two feedback rows itself).
