@@ -63,7 +63,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         evals = HeldOutEvals(
             cfg.eval,
             target,
-            newest_version=lambda: publisher.published[-1].version,
+            newest_version=lambda: publisher.newest_published,
             served_version=stack.replica_version,
             # the first evaluation runs inside trainer.train(), after metrics_cb below exists
             record=lambda *block: metrics_cb.add_eval(*block),

@@ -149,9 +149,7 @@ class RunStack(contextlib.AbstractContextManager):
             fixed_urls,
             self.store if discover else None,
             self.cfg.secrets.rollout_headers,
-            published_version_fn=lambda: (
-                publisher.published[-1].version if publisher.published else None
-            ),
+            published_version_fn=lambda: publisher.newest_published,
             max_staleness=self.cfg.grpo.max_staleness,
             health_interval_s=fleet.health_interval_s,
             discover_interval_s=None if local else fleet.discover_interval_s,

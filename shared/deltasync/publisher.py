@@ -311,6 +311,12 @@ class DeltaPublisher:
         self.close()
 
     @property
+    def newest_published(self) -> int | None:
+        """The newest version this publisher committed, or None before its first (unlike
+        :attr:`latest_committed`, never a version an earlier writer left in the manifest)."""
+        return self.published[-1].version if self.published else None
+
+    @property
     def latest_committed(self) -> int | None:
         """The newest version committed to the manifest, or None."""
         m = self.manifest

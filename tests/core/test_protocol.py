@@ -270,3 +270,23 @@ def test_before_commit_sees_each_version_after_upload_and_before_the_manifest(tm
     pub.publish([("w", w.copy())])
     pub.close()
     assert seen == [(0, True, False), (1, True, False)]
+
+
+def test_newest_published_is_this_publishers_own(tmp_path):
+    """``newest_published``: None before this publisher's first version (even over a manifest an
+    earlier writer left), then the version it committed last."""
+    import numpy as np
+
+    from deltasync.publisher import DeltaPublisher
+
+    bits = {"w": np.arange(64, dtype=np.uint16)}
+    first = DeltaPublisher(str(tmp_path))
+    first.publish(bits.items(), step=0)
+    first.close()
+    again = DeltaPublisher(str(tmp_path))
+    assert again.latest_committed == 0 and again.newest_published is None
+    bits["w"][3] += 1
+    v = again.publish(bits.items(), step=1)
+    again.flush()
+    assert again.newest_published == v == 1
+    again.close()

@@ -425,7 +425,7 @@ def correction_for(trainer, grpo, model_path: str, publisher, turns_fn) -> OffPo
     policy = GeneratingPolicy(lambda: AutoModelForCausalLM.from_config(config).to(device), history)
 
     def newest() -> int | None:
-        return publisher.published[-1].version if publisher.published else None
+        return publisher.newest_published
 
     loss = OffPolicyLoss(grpo.off_policy, cap=grpo.tis_cap)
     return OffPolicyCorrection(

@@ -61,7 +61,8 @@ class HeldOutEvals:
     Args:
         settings: the run's :class:`~trainer.config.EvalSettings`.
         target: :class:`EvalTarget`.
-        newest_version: ``f() -> int``: the newest published version.
+        newest_version: ``f() -> int | None``: the newest published version (None before the
+            first; the evaluation then waits for no version).
         served_version: ``f() -> int | None``: the oldest version the serving replicas hold.
         record: ``f(label, step, version, block)`` (the metrics callback's ``add_eval``).
     """
@@ -70,7 +71,7 @@ class HeldOutEvals:
         self,
         settings: EvalSettings,
         target: EvalTarget,
-        newest_version: Callable[[], int],
+        newest_version: Callable[[], int | None],
         served_version: Callable[[], int | None],
         record: Callable[[str, int, int | None, dict], None],
     ):
@@ -118,7 +119,8 @@ class HeldOutEvals:
 
     def _play_newest(self, label: str, step: int, games: int) -> None:
         version = self.newest_version()
-        wait_for_version(self.served_version, version, timeout_s=300)
+        if version is not None:
+            wait_for_version(self.served_version, version, timeout_s=300)
         self.play(label, step, version, games)
 
     def curve(self) -> list[dict]:
