@@ -98,6 +98,43 @@ def rollout_template(tokenizer) -> str | None:
     return get_training_chat_template(tokenizer)
 
 
+_ROLLOUT = object()  # render_turns' default: the rollout's template (rollout_template)
+
+
+def render_turns(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict],
+    *,
+    tokenize: bool = False,
+    generation_prompt: bool = False,
+    chat_template=_ROLLOUT,
+):
+    """A conversation rendered as TRL's rollout renders an episode (its tools, the rollout's
+    template, no thinking: ``trainer.loop.grpo`` passes ``enable_thinking=False`` to TRL), so
+    that the warm start, the evaluation and the context check see the tokens training sees.
+
+    Args:
+        tokenizer: the run's tokenizer.
+        messages: chat messages (``role``, ``content``; tool calls and tool replies).
+        tools: the environment's tool schemas.
+        tokenize: token ids (list[int]) instead of text.
+        generation_prompt: end with the assistant's turn opened, as for generation.
+        chat_template: a template already computed by :func:`rollout_template` (a loop over
+            turns passes it once); default: computed here.
+    """
+    template = rollout_template(tokenizer) if chat_template is _ROLLOUT else chat_template
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=tools,
+        add_generation_prompt=generation_prompt,
+        tokenize=tokenize,
+        return_dict=False,
+        chat_template=template,
+        enable_thinking=False,
+    )
+
+
 def tool_template_folder(model: str, cache_dir: str) -> str:
     """Where :func:`with_tool_template` writes the derived folder of ``model`` (a hub id or a
     folder) under ``cache_dir``: its base name and a digest of its absolute path."""

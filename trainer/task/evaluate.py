@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from trainer.task.chat_format import rollout_template
+from trainer.task.chat_format import render_turns, rollout_template
 from trainer.task.wordle_task import (
     MAX_TURNS,
     EpisodeStats,
@@ -96,14 +96,7 @@ def check_context(replica_url: str, tokenizer_path: str, max_tokens: int, header
             call_message("crane"),
             {"role": "tool", "name": "guess", "content": longest_reply},
         ]
-    ids = tokenizer.apply_chat_template(
-        messages,
-        tools=[guess_tool()],
-        tokenize=True,
-        return_dict=False,
-        chat_template=rollout_template(tokenizer),
-        enable_thinking=False,
-    )
+    ids = render_turns(tokenizer, messages, [guess_tool()], tokenize=True)
     worst = len(ids) + MAX_TURNS * max_tokens  # as if every turn also ran to its cap
     r = httpx.get(f"{replica_url}/v1/models", headers=headers, timeout=30)
     limit = (r.json().get("data") or [{}])[0].get("max_model_len") if r.status_code == 200 else None
@@ -190,14 +183,13 @@ def play_episode(
         messages[-1] = {**messages[-1], "content": messages[-1]["content"] + RESET_TEXT}
         del reset
         while turns < MAX_TURNS:
-            ids = tokenizer.apply_chat_template(
+            ids = render_turns(
+                tokenizer,
                 messages,
-                tools=tools,
-                add_generation_prompt=True,
+                tools,
                 tokenize=True,
-                return_dict=False,
+                generation_prompt=True,
                 chat_template=chat_template,
-                enable_thinking=False,
             )
             payload = {
                 "model": model_name,

@@ -111,20 +111,14 @@ def encoded_games(cfg: HubWarmStartConfig, tokenizer) -> list[tuple[list[int], l
     """The SFT set: ``(token ids, 0/1 assistant mask, [])`` per teacher game, cut to
     ``cfg.turns`` calls and rendered as the rollout renders it."""
     from trainer.task import warm_start as ws
-    from trainer.task.chat_format import rollout_template
+    from trainer.task.chat_format import render_turns, rollout_template
     from trainer.task.wordle_task import guess_tool
 
     template = rollout_template(tokenizer)
     seqs = []
     for game in ws.solver_games(cfg.games, cfg.seed, cfg.explore):
         game = cut(game, cfg.turns)
-        text = tokenizer.apply_chat_template(
-            game,
-            tools=[guess_tool()],
-            tokenize=False,
-            enable_thinking=False,
-            chat_template=template,
-        )
+        text = render_turns(tokenizer, game, [guess_tool()], chat_template=template)
         ids, mask = ws.encode_with_mask(text, tokenizer, ws._trained_turns(game))
         seqs.append((ids, mask, []))
     return seqs

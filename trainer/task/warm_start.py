@@ -131,11 +131,10 @@ def solver_games(
 
 def render(messages: list[dict], tokenizer) -> str:
     """A conversation as the rollout renders it (tools, no thinking)."""
+    from trainer.task.chat_format import render_turns
     from trainer.task.wordle_task import guess_tool
 
-    return tokenizer.apply_chat_template(
-        messages, tools=[guess_tool()], tokenize=False, enable_thinking=False
-    )
+    return render_turns(tokenizer, messages, [guess_tool()])
 
 
 def encode_with_mask(text: str, tokenizer, trained=None) -> tuple[list[int], list[int]]:
