@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import typing
 from collections.abc import Callable
@@ -121,6 +122,16 @@ class TrainConfig:
                 "generating policy is rebuilt from full-weight versions only. Use --off-policy "
                 "off for adapter runs"
             )
+
+    def record(self) -> dict:
+        """Every setting that shapes the run, by section, as ``summary.json`` records it under
+        ``settings`` (the secrets left out; values JSON-safe: anything else as its ``str``)."""
+        sections = {
+            f.name: dataclasses.asdict(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name != "secrets"
+        }
+        return json.loads(json.dumps(sections, default=str))
 
     @classmethod
     def from_flags(cls, **flags) -> TrainConfig:

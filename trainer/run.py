@@ -111,6 +111,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             evals,
             start,
         )
+        summary["settings"] = cfg.record()  # what ran: e.g. which off-policy correction
         if before_stop is not None:
             before_stop(stack, summary)
         summary["wall_s"] = round(time.time() - t_start, 1)

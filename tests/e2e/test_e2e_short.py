@@ -52,6 +52,9 @@ def test_e2e_short(tmp_path, e2e_warm_start):
         k: v for r in corrected for k, v in r.items() if k.startswith("offpolicy/kl_drift_lag")
     }
     assert drift and all(v >= 0 for v in drift.values()), logged[-1]
+    # and the summary says which correction ran
+    summary = json.loads((tmp_path / "e2e" / "summary.json").read_text())
+    assert summary["settings"]["grpo"]["off_policy"] == "decoupled"
     assert all(s.reward is not None and s.loss is not None for s in metrics.steps)
     versions = [s.version for s in metrics.steps]
     assert versions == sorted(versions) and versions[-1] > versions[0]  # one publish per step

@@ -249,3 +249,20 @@ def test_every_flag_says_what_it_sets_in_help(capsys):
     shown = [f for f in FLAGS if f"--{f.replace('_', '-')} " in text]
     undocumented = [f for f in shown if f"--{f.replace('_', '-')} {f.upper()} (default:" in text]
     assert shown and not undocumented, undocumented
+
+
+def test_the_summary_records_every_setting_but_the_secrets():
+    """``summary.json``'s ``settings``: each section's values, e.g. which off-policy correction
+    ran (a fresh run's summary did not say), never a token."""
+    import json
+
+    from trainer.config import TrainConfig
+    from trainer.settings import Secrets
+
+    cfg = TrainConfig.from_flags(off_policy="decoupled", learning_rate=3e-5)
+    cfg.secrets = Secrets(hf_token="hf_secret_value", rollout_api_key="key_value")
+    record = cfg.record()
+    assert record["grpo"]["off_policy"] == "decoupled" and record["grpo"]["learning_rate"] == 3e-5
+    assert "secrets" not in record and set(record) >= {"run", "grpo", "publish", "eval"}
+    text = json.dumps(record)
+    assert "hf_secret_value" not in text and "key_value" not in text
