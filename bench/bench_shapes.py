@@ -11,7 +11,7 @@ embedding's shape, counts as a second embedding.
 
 Per model: diff (host numba; GPU: diff on the device, only changes copied back, vs the whole
 tensor copied to the host first), encode (per tensor, summed: one core's time), payload bytes,
-and the replica's decode + patch + verify through ``DeltaSubscriber.apply`` with 1, 2 and all
+and the replica's decode + patch + verify through ``DeltaSubscriber.decode_into`` with 1, 2 and all
 threads. Results: bench/results/shapes.json (figures per the whole model).
 """
 
@@ -134,7 +134,7 @@ def bench_model(model: str, sample_layers: int, threads: list[int], device: str 
 
 
 def replica_apply(base, new, threads, count) -> dict[str, float]:
-    """Decode + patch + verify of the sampled delta through DeltaSubscriber.apply, by threads."""
+    """Decode + patch + verify of the sampled delta through DeltaSubscriber.decode_into, by threads."""
     with tempfile.TemporaryDirectory() as d:
         cfg = PublisherConfig(anchor_every=1000, encode_threads=os.cpu_count() or 2)
         with DeltaPublisher(d, config=cfg) as pub:
@@ -153,7 +153,7 @@ def replica_apply(base, new, threads, count) -> dict[str, float]:
             for _ in range(2):  # undo and repeat; keep the best of two
                 tensors = {n: a.copy() for n, a in held.tensors.items()}
                 digests = dict(held.digests)
-                _, s = timed(sub.apply, fetched, held, manifest)
+                _, s = timed(sub.decode_into, fetched, held, manifest)
                 best = min(best, s)
                 held.tensors, held.digests, held.version = tensors, digests, anchor.version
             res[str(k)] = best
