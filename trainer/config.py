@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import typing
 from collections.abc import Callable
@@ -82,6 +83,8 @@ __all__ = [  # the sections and their errors, re-exported for callers of the who
 # every one of these flags not given on the command line or in the environment (``from_args``). A
 # 135 M-parameter model trains ~100 tokens a second there and its episodes are ~1,300 tokens; the
 # replica plays a 5-guess game in ~10 s. docs/BENCHMARKS.md section 11.
+log = logging.getLogger("trainer")
+
 HUB_CPU_DEFAULTS = {
     "num_generations": 4,
     "per_device_train_batch_size": 8,
@@ -331,8 +334,30 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     kw.update({k: v for k, v in vars(ns).items() if v is not None})
     if kw.get("bucket") and "run_id" not in kw:
         kw["run_id"] = kw["bucket"].rstrip("/").split("/")[-1]
+    given = dict(kw)
     kw = hub_cpu_defaults(kw)
     try:
-        return TrainConfig.from_flags(**kw)
+        cfg = TrainConfig.from_flags(**kw)
     except ValueError as e:  # a section refused a value (AdapterConfigError, NetConfigError, ...)
         p.error(str(e))
+    log.info("%s", model_defaults_line(cfg, given))
+    return cfg
+
+
+def model_defaults_line(cfg: TrainConfig, given: dict) -> str:
+    """One line naming the settings the model chose, not the user: ``HUB_CPU_DEFAULTS`` for a
+    hub model without CUDA (:func:`hub_cpu_defaults`), and the learning rate and answer-row tie
+    that ``TrainConfig.__post_init__`` sets by model and adapter; ``given``: the flags and
+    variables the user set. Each is overridden by its flag."""
+    hub_cpu = cfg.run.tiny is False and hub_cpu_defaults(dict(given)) != given
+    chosen = [k for k in HUB_CPU_DEFAULTS if hub_cpu and k not in given]
+    chosen += [k for k in ("learning_rate", "tie_answer_rows") if k not in given]
+    where = "the local model" if cfg.run.tiny else cfg.run.model_id()
+    where += " without CUDA (HUB_CPU_DEFAULTS)" if hub_cpu else ""
+    pairs = ", ".join(f"--{k.replace('_', '-')} {_flag_value(cfg, k)}" for k in chosen)
+    return f"settings chosen for {where}: {pairs or 'none'} (a flag overrides each)"
+
+
+def _flag_value(cfg: TrainConfig, flag: str):
+    section, name, _ = FLAGS[flag]
+    return getattr(getattr(cfg, section), name)

@@ -266,3 +266,26 @@ def test_the_summary_records_every_setting_but_the_secrets():
     assert "secrets" not in record and set(record) >= {"run", "grpo", "publish", "eval"}
     text = json.dumps(record)
     assert "hf_secret_value" not in text and "key_value" not in text
+
+
+def test_the_settings_the_model_chose_are_named_once(env, caplog):
+    """The log names what the model chose, not the user (HUB_CPU_DEFAULTS for a hub model
+    without CUDA, the learning rate by model), each overridable by its flag; a flag given is
+    not listed."""
+    import logging
+
+    import torch
+
+    from trainer.config import TrainConfig, from_args, model_defaults_line
+
+    tiny = model_defaults_line(TrainConfig.from_flags(), {})
+    assert tiny.startswith("settings chosen for the local model: --learning-rate 0.0002")
+    assert "HUB_CPU_DEFAULTS" not in tiny
+    if torch.cuda.is_available():
+        return
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        from_args(["--model", "Qwen/Qwen3-0.6B", "--token-budget", "2048"])
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("settings")]
+    assert "Qwen/Qwen3-0.6B without CUDA (HUB_CPU_DEFAULTS)" in line
+    assert "--num-generations 4" in line and "--learning-rate 1e-06" in line
+    assert "--token-budget" not in line  # given by the user
