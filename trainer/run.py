@@ -45,16 +45,22 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
     weights = trained_weights(cfg.adapter)
     if ranks.world() > 1 and ranks.rank() != 0:
         return ranks.run_other_rank(
-            lambda model_path: build_trainer(cfg.grpo, cfg.run, weights, model_path)[0]
+            lambda model_path: build_trainer(cfg.grpo, cfg.run, weights, model_path).trainer
         )
     t_start = time.time()
     with RunStack(cfg, weights) as stack:
         base_model, warm_start_s = initial_model(cfg.run, cfg.warm_start)
         model_path = resume_point(cfg.run, stack.store, base_model)
-        router_url = stack.start(model_path, publisher_hook)
-        publisher = stack.publisher
+        rollouts = stack.start(model_path, publisher_hook)
+        metrics = BucketMetricsCallback(
+            stack.store,
+            cfg.run.run_id,
+            rollouts.publisher,
+            log_path=os.path.join(stack.logs_dir, "steps.jsonl"),
+            fleet=stack.pool.replica_rows,
+        )
         target = EvalTarget(
-            router_url,
+            rollouts.url,
             model_path,
             stack.env_url,
             weights.served_name,
@@ -63,40 +69,22 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         evals = HeldOutEvals(
             cfg.eval,
             target,
-            newest_version=lambda: publisher.newest_published,
-            served_version=stack.replica_version,
-            # the first evaluation runs inside trainer.train(), after metrics_cb below exists
-            record=lambda *block: metrics_cb.add_eval(*block),
+            newest_version=lambda: rollouts.publisher.newest_published,
+            served_version=rollouts.served_version,
+            record=metrics.add_eval,
         )
         ranks.share_model_path(model_path)  # the other ranks build their trainers now
-        trainer, _, tagger = build_trainer(
-            cfg.grpo,
-            cfg.run,
-            weights,
-            model_path,
-            router_url,
-            publisher,
-            stack.replica_version,
-            evals.before,
-            stack.router.affinity.versions_of,
-            stack.router.affinity.turn_versions,
-        )
-        metrics_cb = BucketMetricsCallback(
-            stack.store,
-            cfg.run.run_id,
-            publisher,
-            tagger,
-            log_path=os.path.join(stack.logs_dir, "steps.jsonl"),
-            fleet=stack.pool.replica_rows,
-        )
-        trainer.add_callback(metrics_cb)
+        grpo = build_trainer(cfg.grpo, cfg.run, weights, model_path, rollouts, evals.before)
+        metrics.tagger = grpo.tagger  # the training games and staleness of each step
+        trainer = grpo.trainer
+        trainer.add_callback(metrics)
         trainer.add_callback(EvalEvery(cfg.eval.every, cfg.grpo.max_steps, evals.curve_point))
         for make_callback in callbacks:
             trainer.add_callback(make_callback(stack))
         quiet_progress(trainer)
         t_train = time.time()
-        trainer.train()
-        publisher.close()  # idempotent with TRL's destroy(): flush the last publish
+        trainer.train()  # the evaluation "before" runs inside, once v0 is served
+        rollouts.publisher.close()  # idempotent with TRL's destroy(): flush the last publish
         train_s = time.time() - t_train
         evals.after(trainer.state.global_step)
         start = dict(initial_model=base_model, warm_start_s=warm_start_s, train_s=train_s)
@@ -106,8 +94,8 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             weights,
             stack,
             weights.trained_digest(trainer),
-            tagger,
-            metrics_cb,
+            grpo.tagger,
+            metrics,
             evals,
             start,
         )

@@ -24,6 +24,7 @@ from trainer.config import TrainConfig
 from trainer.fleet.pool import ReplicaPool, parse_vllm_urls
 from trainer.fleet.router import FleetRouter
 from trainer.local import processes
+from trainer.loop.rollouts import Rollouts
 from trainer.loop.trained_weights import FullWeights
 from trainer.task.wordle_task import ENV_URL_VAR
 
@@ -99,10 +100,12 @@ class RunStack(contextlib.AbstractContextManager):
             env["SYNC_EVERY"] = str(self.cfg.local.replica_sync_every)
         return env
 
-    def start(self, model_path: str, publisher_hook=None) -> str:
+    def start(self, model_path: str, publisher_hook=None) -> Rollouts:
         """Start the Wordle server, the publisher, the replica, the dashboard, the pool and the
         router, in that order; ``publisher_hook(stack)`` runs once the publisher exists, before
-        the children are waited for. Returns the router's URL (the one replica URL TRL sees).
+        the children are waited for. Returns the rollout side as the trainer sees it
+        (:class:`~trainer.loop.grpo.Rollouts`: the router's URL, the one replica URL TRL sees;
+        the publisher; the served version; the router's per-sample versions).
 
         Raises:
             trainer.local.processes.ChildFailedError: a child exited or stayed unhealthy for
@@ -133,7 +136,11 @@ class RunStack(contextlib.AbstractContextManager):
             publisher_hook(self)
         for child in self.children:
             child.wait_healthy(CHILD_START_TIMEOUT_S)
-        return self._start_fleet(fixed_urls, discover)
+        url = self._start_fleet(fixed_urls, discover)
+        affinity = self.router.affinity
+        return Rollouts(
+            url, self.publisher, self.replica_version, affinity.versions_of, affinity.turn_versions
+        )
 
     def _start_publisher(self, model_path: str) -> DeltaPublisher:
         """The run's publisher; for an adapter run it records the adapter (its PEFT config and

@@ -15,6 +15,7 @@ from deltasync.subscriber import DeltaSubscriber, HeldWeights
 from trainer.config import TrainConfig
 from trainer.loop import adapter, trl_compat
 from trainer.loop.grpo import build_trainer
+from trainer.loop.rollouts import Rollouts
 from trainer.loop.trained_weights import trained_weights
 
 
@@ -45,16 +46,13 @@ def test_trls_sync_publishes_the_adapter_and_leaves_the_base(tmp_path, monkeypat
     publisher = DeltaPublisher(uri, run_id="lora", adapter=info)
     first = []
     weights = trained_weights(cfg.adapter)
-    trainer, transfer, tagger = build_trainer(
-        cfg.grpo,
-        cfg.run,
-        weights,
-        folder,
+    rollouts = Rollouts(
         "http://127.0.0.1:9",  # never contacted: no rollout in this test
         publisher,
-        lambda: 10**6,
-        first.append,
-        None,
+        served_version=lambda: 10**6,
+    )
+    trainer, transfer, tagger = build_trainer(
+        cfg.grpo, cfg.run, weights, folder, rollouts, first.append
     )
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}

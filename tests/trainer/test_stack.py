@@ -84,7 +84,7 @@ def test_the_stack_returns_the_routers_url_and_stops_in_reverse_on_an_error_in_t
     before = copy.deepcopy(cfg)
     with pytest.raises(RuntimeError, match="training failed"):
         with stack_module.RunStack(cfg, FullWeights()) as stack:
-            url = stack.start(str(tmp_path / "model"))
+            url = stack.start(str(tmp_path / "model")).url
             assert url.startswith("http://127.0.0.1:") and stack.router is not None
             assert stopped == []
             raise RuntimeError("training failed")

@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from trainer.loop import ranks, trl_compat
 from trainer.loop.advantages import CentredAdvantages
 from trainer.loop.bucket_transfer import BucketWeightTransfer
 from trainer.loop.rollout_tagging import ReplicaVersionTagger
+from trainer.loop.rollouts import Rollouts
 from trainer.loop.trained_weights import FullWeights
 from trainer.settings import GRPOSettings, RunSettings
 from trainer.task.wordle_task import WordleToolEnv, make_dataset
+
+
+class GRPOParts(NamedTuple):
+    """What :func:`build_trainer` built: TRL's trainer, the bucket weight transfer it publishes
+    through, and the rollout worker's version tagger (staleness, training games)."""
+
+    trainer: Any
+    transfer: BucketWeightTransfer
+    tagger: ReplicaVersionTagger | None
 
 
 def build_trainer(
@@ -20,27 +32,21 @@ def build_trainer(
     run: RunSettings,
     weights: FullWeights,
     model_path: str,
-    rollout_url: str | None = None,
-    publisher=None,
-    replica_version_fn=None,
-    on_first_apply=None,
-    sample_versions_fn=None,
-    turn_versions_fn=None,
-):
-    """AsyncGRPOTrainer with the bucket weight transfer and truthful staleness tagging; returns
-    ``(trainer, transfer, tagger)``. Ranks other than 0 pass only the settings, ``weights`` and
-    ``model_path``.
+    rollouts: Rollouts | None = None,
+    on_first_apply: Callable[[int], None] | None = None,
+) -> GRPOParts:
+    """TRL's AsyncGRPOTrainer for the run, then what the run attaches to it, each a named step:
+    the bucket weight transfer, the version tags on every sample, the answer rows tied to their
+    spelling (the local model), centred advantages, and the off-policy correction. Ranks other
+    than 0 pass only the settings, ``weights`` and ``model_path``.
 
-    ``grpo``: the update's settings; ``run``: the output folder and the seed; ``weights``: what
-    the run trains (``trainer.loop.trained_weights``). ``rollout_url``: the fleet router's URL
-    that :meth:`trainer.stack.RunStack.start` returned (TRL's ``vllm_server_base_url``).
-
-    ``on_first_apply(version)`` runs once the replica serves the first published version and
-    before TRL's rollout worker starts (the evaluation "before" uses it).
-    ``sample_versions_fn(token_ids)``: the versions that answered a sample's turns (the router's
-    ``EpisodeAffinity.versions_of``), for per-sample staleness; ``turn_versions_fn(token_ids)``:
-    each turn's end and version (``EpisodeAffinity.turn_versions``), for the off-policy
-    correction (``grpo.off_policy`` other than ``off``: ``trainer.loop.generating_policy``).
+    Args:
+        grpo: the update's settings; run: the output folder and the seed.
+        weights: what the run trains (``trainer.loop.trained_weights``).
+        model_path: the model folder TRL loads.
+        rollouts: the run's :class:`Rollouts` (None on ranks other than 0).
+        on_first_apply: ``f(version)``, run once the replicas serve the first published version
+            and before TRL's rollout worker starts (the evaluation "before").
 
     Adapter runs: TRL wraps the model with the run's LoRA config (``weights.peft_config()``); the
     transfer publishes the adapter's tensors only, the model stays unmerged, and rollouts request
@@ -52,12 +58,46 @@ def build_trainer(
         deltasync.errors.AdapterMismatchError, deltasync.errors.WrongBaseModelError: the
             trainer's PEFT model is not the adapter the publisher records.
     """
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     weights.check_processes(ranks.world())
+    rollouts = rollouts or Rollouts(url=None)
+    transfer = BucketWeightTransfer(
+        rollouts.publisher,
+        first_apply_fn=lambda v: (
+            wait_for_version(rollouts.served_version, v),
+            on_first_apply(v) if on_first_apply else None,
+        ),
+    )
+    n_rows = max(64, grpo.max_steps * grpo.per_device_train_batch_size)
+    trainer = AsyncGRPOTrainer(
+        model=model_path,
+        reward_funcs=[],  # the environment's get_reward is the reward (trainer.task.wordle_task)
+        args=_grpo_config(grpo, run, rollouts.url),
+        train_dataset=make_dataset(n_rows, run.seed),
+        environment_factory=WordleToolEnv,
+        weight_transfer=transfer,
+        peft_config=weights.peft_config(),
+    )
+    transfer.step_fn = lambda: trainer.state.global_step  # recorded in each manifest entry
+    weights.prepare_trainer(trainer, transfer, rollouts.publisher)
+    trl_compat.bound_score_queue(trainer, groups=1)
+    tagger = _attach_version_tags(trainer, grpo, transfer, rollouts)
+    if grpo.tie_answer_rows:
+        _attach_spelling_tie(trainer)
+    if grpo.scale_rewards == "none" and trainer.rollout_queue is not None:
+        trainer.rollout_queue = CentredAdvantages(trainer.rollout_queue)
+    if grpo.off_policy != "off" or grpo.off_policy_stats:
+        _attach_correction(trainer, grpo, model_path, rollouts)  # after centring: it scales them
+    return GRPOParts(trainer, transfer, tagger)
+
+
+def _grpo_config(grpo: GRPOSettings, run: RunSettings, rollout_url: str | None):
+    """TRL's ``AsyncGRPOConfig`` from the run's settings."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig
 
     step_samples = grpo.per_device_train_batch_size
-    args = AsyncGRPOConfig(
+    return AsyncGRPOConfig(
         output_dir=run.output_dir or os.path.join(run.run_dir, "trainer"),
         max_steps=grpo.max_steps,
         learning_rate=grpo.learning_rate,
@@ -90,50 +130,43 @@ def build_trainer(
         use_cpu=ranks.world() > 1 and not ranks.has_cuda(),
         ddp_find_unused_parameters=False,  # every parameter takes part in the forward
     )
-    n_rows = max(64, grpo.max_steps * grpo.per_device_train_batch_size)
-    state = {}
-    transfer = BucketWeightTransfer(
-        publisher,
-        step_fn=lambda: state["trainer"].state.global_step if "trainer" in state else 0,
-        first_apply_fn=lambda v: (wait_for_version(replica_version_fn, v), on_first_apply(v)),
-    )
-    trainer = AsyncGRPOTrainer(
-        model=model_path,
-        reward_funcs=[],  # the environment's get_reward is the reward (trainer.task.wordle_task)
-        args=args,
-        train_dataset=make_dataset(n_rows, run.seed),
-        environment_factory=WordleToolEnv,
-        weight_transfer=transfer,
-        peft_config=weights.peft_config(),
-    )
-    state["trainer"] = trainer
-    weights.prepare_trainer(trainer, transfer, publisher)
-    trl_compat.bound_score_queue(trainer, groups=1)
-    tagger = trl_compat.wrap_rollout_worker(
+
+
+def _attach_version_tags(trainer, grpo: GRPOSettings, transfer, rollouts: Rollouts):
+    """Wrap TRL's rollout worker so that each sample carries the oldest version that generated
+    it (staleness, the training games); returns the tagger (None where there is no worker)."""
+    return trl_compat.wrap_rollout_worker(
         trainer,
         lambda inner: ReplicaVersionTagger(
             inner,
             lambda: transfer.last_version,
-            replica_version_fn,
+            rollouts.served_version,
             max_staleness=grpo.max_staleness,
-            sample_versions_fn=sample_versions_fn,
+            sample_versions_fn=rollouts.sample_versions,
         ),
     )
-    if grpo.tie_answer_rows:
-        from trainer.loop.spelling_tie import SpellingTiedRows
 
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        trainer.add_callback(SpellingTiedRows(model, trainer.processing_class))
-    if grpo.scale_rewards == "none" and trainer.rollout_queue is not None:
-        trainer.rollout_queue = CentredAdvantages(trainer.rollout_queue)
-    corrects = grpo.off_policy != "off" or grpo.off_policy_stats
-    if corrects and trainer.rollout_queue is not None and publisher is not None:
-        from trainer.loop.generating_policy import CorrectionStats, correction_for
 
-        correction = correction_for(trainer, grpo, model_path, publisher, turn_versions_fn)
-        trainer.rollout_queue = correction  # after centring: the weight scales the advantage
-        trainer.add_callback(CorrectionStats(correction))
-    return trainer, transfer, tagger
+def _attach_spelling_tie(trainer) -> None:
+    """The local model's answer rows move only along their spelling (``trainer.loop.spelling_tie``)."""
+    from trainer.loop.spelling_tie import SpellingTiedRows
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    trainer.add_callback(SpellingTiedRows(model, trainer.processing_class))
+
+
+def _attach_correction(trainer, grpo: GRPOSettings, model_path: str, rollouts: Rollouts) -> None:
+    """Score stale samples under their generating versions (``trainer.loop.generating_policy``)
+    and log the correction's statistics; only where the queue and a publisher exist."""
+    if trainer.rollout_queue is None or rollouts.publisher is None:
+        return
+    from trainer.loop.generating_policy import CorrectionStats, correction_for
+
+    correction = correction_for(
+        trainer, grpo, model_path, rollouts.publisher, rollouts.turn_versions
+    )
+    trainer.rollout_queue = correction
+    trainer.add_callback(CorrectionStats(correction))
 
 
 def wait_for_version(version_fn, version: int, timeout_s: float = 600.0) -> None:

@@ -45,7 +45,8 @@ class BucketMetricsCallback(TrainerCallback):
         run_id: the run.
         publisher: the DeltaPublisher (its committed entries give bytes, density, timings).
         tagger: the ReplicaVersionTagger (staleness histogram, replica version, the training
-            games of each step and their consistent share), or None.
+            games of each step and their consistent share), or None; ``run()`` sets it once TRL's
+            trainer exists (the metrics come first: the evaluations record into them).
         keep: newest steps kept in the file.
         log_path: a local JSON-lines file that receives every logged dict in full (TRL's
             ``perf/*``, ``sample/*``, ``rollout/*`` counters), one line per step; None: none.
