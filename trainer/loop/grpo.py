@@ -4,7 +4,6 @@ weight transfer, the bounded rollout queue and the per-sample version stamps."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -12,7 +11,7 @@ from trainer.loop import ranks, trl_compat
 from trainer.loop.advantages import CentredAdvantages
 from trainer.loop.bucket_transfer import BucketWeightTransfer
 from trainer.loop.rollout_tagging import ReplicaVersionTagger
-from trainer.loop.rollouts import Rollouts
+from trainer.loop.rollouts import Rollouts, wait_for_version
 from trainer.loop.trained_weights import FullWeights
 from trainer.settings import GRPOSettings, RunSettings
 from trainer.task.wordle_task import WordleToolEnv, make_dataset
@@ -167,20 +166,3 @@ def _attach_correction(trainer, grpo: GRPOSettings, model_path: str, rollouts: R
     )
     trainer.rollout_queue = correction
     trainer.add_callback(CorrectionStats(correction))
-
-
-def wait_for_version(version_fn, version: int, timeout_s: float = 600.0) -> None:
-    """Block until ``version_fn()`` (the oldest version the serving replicas hold) reaches
-    ``version``: before the first rollouts, so that they are not refused by a replica that has
-    not loaded the run's weights yet, and before each evaluation.
-
-    Raises:
-        TimeoutError: not reached within ``timeout_s`` seconds.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = version_fn()
-        if v is not None and v >= version:
-            return
-        time.sleep(0.25)
-    raise TimeoutError(f"the replica did not apply v{version} within {timeout_s:.0f}s")

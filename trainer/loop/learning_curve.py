@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from trainer.loop.grpo import wait_for_version
+from trainer.loop.rollouts import wait_for_version
 from trainer.settings import EvalSettings
 from trainer.task.evaluate import check_context, evaluate
 from trainer.task.wordle_task import eval_seeds

@@ -3,6 +3,7 @@ hands to ``trainer.loop.grpo.build_trainer`` and to the evaluations."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,3 +29,20 @@ class Rollouts:
     served_version: Callable[[], int | None] = lambda: None
     sample_versions: Callable | None = None
     turn_versions: Callable | None = None
+
+
+def wait_for_version(version_fn, version: int, timeout_s: float = 600.0) -> None:
+    """Block until ``version_fn()`` (the oldest version the serving replicas hold) reaches
+    ``version``: before the first rollouts, so that they are not refused by a replica that has
+    not loaded the run's weights yet, and before each evaluation.
+
+    Raises:
+        TimeoutError: not reached within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = version_fn()
+        if v is not None and v >= version:
+            return
+        time.sleep(0.25)
+    raise TimeoutError(f"the replica did not apply v{version} within {timeout_s:.0f}s")
