@@ -1,13 +1,13 @@
 """Catch-up against lag: what a replica k versions behind pays to reach the newest version, by the
-delta chain and by an anchor (`make bench`; bench/results/catch_up.json; docs/BENCHMARKS.md §12).
+delta chain and by an anchor (`make bench`; bench/results/catch_up.json; docs/BENCHMARKS.md section 12 (catch-up against lag)).
 
 Two runs, each at its own model and its own per-version change density:
   - ``local``: the local model's shapes (Qwen3, 2 layers, hidden 192, two untied 5,056 x 192
     embeddings, 2.68 M parameters; synthetic weights, normal std 0.02, norms 1) at 16% of the
-    elements changed per version, as in `make train` (lr 2e-4; BENCHMARKS.md §6);
+    elements changed per version, as in `make train` (lr 2e-4; BENCHMARKS.md section 6 (the main job));
   - ``pretrained``: SmolLM2-135M-Instruct (30 layers, 134.5 M parameters, tied embeddings), its
     real bf16 weights when `make model` has converted it (``--model-dir``; else synthetic at its
-    shapes), at 0.2% per version, as its GRPO run at lr 1e-6 (BENCHMARKS.md §11).
+    shapes), at 0.2% per version, as its GRPO run at lr 1e-6 (BENCHMARKS.md section 11 (a real pretrained chat model)).
 fp32 master weights start within half an ulp of the bf16 weights (a trainer's master weights sit
 off the bf16 grid) and take optimizer-like steps (``bench_shapes.py``'s: every nonzero element
 moves by ``lr * u``, ``u ~ N(0, 1)`` clipped to [-1, 1]), lr bisected on a sample so that the

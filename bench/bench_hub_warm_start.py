@@ -1,5 +1,5 @@
 """What the warm start of a pretrained model that never called a tool teaches it: the first call
-of new games, sampled, parsed and checked (docs/BENCHMARKS.md section 11, the warm-start table).
+of new games, sampled, parsed and checked (docs/BENCHMARKS.md section 11 (a real pretrained chat model), the warm-start table).
 
 The model is ``make model``'s SmolLM2-135M-Instruct with the trainer's tool template
 (``trainer.task.chat_format.with_tool_template``); each point builds (or finds cached) its warm

@@ -1,5 +1,5 @@
 """What lag does to learning, and what each off-policy correction recovers: the lag x mode table
-(docs/BENCHMARKS.md section 12, "The lag x mode learning table").
+(docs/BENCHMARKS.md section 12 (catch-up against lag), "The lag x mode learning table").
 
 Each cell is one local run from the same cached warm start (the model `make train` builds), the
 same seed and the same GRPO settings, differing only in

@@ -1,5 +1,5 @@
 """How far the warm start alone takes the local model with more supervised fine-tuning: more
-teacher games and more epochs, on a GPU where there is one (docs/BENCHMARKS.md section 6, "What
+teacher games and more epochs, on a GPU where there is one (docs/BENCHMARKS.md section 6 (the main job), "What
 would take it to a win rate of 0.5").
 
 Each point builds the local model's warm start (``trainer.task.warm_start.build``: the teacher's

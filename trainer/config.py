@@ -82,7 +82,7 @@ __all__ = [  # the sections and their errors, re-exported for callers of the who
 # A hub model (or model folder) trained without CUDA: settings that fit a 2-core machine, used for
 # every one of these flags not given on the command line or in the environment (``from_args``). A
 # 135 M-parameter model trains ~100 tokens a second there and its episodes are ~1,300 tokens; the
-# replica plays a 5-guess game in ~10 s. docs/BENCHMARKS.md section 11.
+# replica plays a 5-guess game in ~10 s. docs/BENCHMARKS.md section 11 (a real pretrained chat model).
 log = logging.getLogger("trainer")
 
 HUB_CPU_DEFAULTS = {

@@ -187,7 +187,7 @@ class GRPOSettings:
     Attributes:
         max_steps: optimizer steps (55 for the local default: with the warm start, the whole
             run fits 15 minutes on 2 cores at 6-8 s a step and gains about +0.02 on held-out
-            games; docs/BENCHMARKS.md section 6).
+            games; docs/BENCHMARKS.md section 6 (the main job)).
         learning_rate: AdamW learning rate. None (resolved by :class:`TrainConfig`): 2e-4 for the
             ~2.7 M-parameter local model (at 1e-5 its bf16 weights barely move: an update smaller
             than half a bf16 ulp is lost in the rounding), 1e-6 for hub models (RL-typical),
@@ -221,7 +221,7 @@ class GRPOSettings:
         bf16: train with bf16 autocast (GPU); the CPU default trains in fp32 and publishes bf16.
         off_policy: how stale samples are weighed (``trainer.loop.off_policy``): ``off`` (TRL's
             objective; the default: the best measured at every lag of the lag x mode table,
-            docs/BENCHMARKS.md section 12, and it costs no recomputation), ``tis`` (truncated
+            docs/BENCHMARKS.md section 12 (catch-up against lag), and it costs no recomputation), ``tis`` (truncated
             importance weight on the trainer-inference mismatch), ``decoupled`` (PPO's ratio
             against the generating version, rebuilt from the bucket, times that weight).
         tis_cap: the truncation of the mismatch weight (Yao et al. 2025: 2).

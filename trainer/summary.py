@@ -44,7 +44,7 @@ def build_summary(
     games, train_s = (tagger.games_total if tagger is not None else None), start["train_s"]
     summary.update(
         weights.summary(),  # an adapter run: what its replicas need (make eval starts one)
-        grpo={  # the update's settings (docs/BENCHMARKS.md section 6 measures each)
+        grpo={  # the update's settings (docs/BENCHMARKS.md section 6 (the main job) measures each)
             "learning_rate": grpo.learning_rate,
             "scale_rewards": grpo.scale_rewards,
             "tie_answer_rows": grpo.tie_answer_rows,

@@ -21,7 +21,7 @@ class PublisherConfig:
             versions behind lost its delta chain (14 MB) to retention and paid an anchor and
             more (155 MB); at 40 the anchor bytes halve and a new replica pays 1.5% more. With
             dense deltas ``anchor_replay_fraction`` anchors first (about every 11 versions for
-            the local model). ``bench/bench_catch_up.py``, docs/BENCHMARKS.md section 12.
+            the local model). ``bench/bench_catch_up.py``, docs/BENCHMARKS.md section 12 (catch-up against lag).
         anchor_replay_fraction: also anchor when the delta bytes since the last anchor exceed
             this fraction of an anchor's bytes, which bounds what a new replica downloads.
         keep_anchors: retention; versions older than the ``keep_anchors``-th newest anchor are

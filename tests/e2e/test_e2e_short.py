@@ -27,7 +27,7 @@ def test_e2e_short(tmp_path, e2e_warm_start):
         late_at=1,
         kill_at=3,
         runs_root=str(tmp_path),
-        ceiling_s=420,  # seconds of training; the plan took 213 s in CI (docs/BENCHMARKS.md section 7)
+        ceiling_s=420,  # seconds of training; the plan took 213 s in CI (docs/BENCHMARKS.md section 7 (the replica fleet))
         **e2e_warm_start,
         eval_episodes=8,
         off_policy="decoupled",  # stale samples weighed by their rebuilt generating versions

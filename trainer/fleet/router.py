@@ -115,7 +115,7 @@ class FleetRouter:
             loop. httpx's pool did work per request that grows with its open connections: with
             TRL's 64 episodes in flight the router took 0.9 of a core of the trainer process
             (py-spy: ``is_idle`` and ``is_socket_readable`` over every connection) and held the
-            GIL the training step needs (docs/BENCHMARKS.md section 6)."""
+            GIL the training step needs (docs/BENCHMARKS.md section 6 (the main job))."""
             if url not in sessions:
                 sessions[url] = aiohttp.ClientSession(
                     timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, connect=5.0),

@@ -43,7 +43,7 @@ def cpu_threads() -> tuple[int, int]:
     ``LOCAL_WORLD_SIZE``) and half for each replica, which is then told to wait passively too:
     a step 8.6 -> 5.8 s and training games 8.5 -> 11.2 a second, but the held-out gain of two
     fresh ``make train`` runs so set was +0.001 and -0.006 against +0.011 to +0.018 for the
-    default, not understood, so it is opt-in (docs/BENCHMARKS.md section 6, "Which side waits").
+    default, not understood, so it is opt-in (docs/BENCHMARKS.md section 6 (the main job), "Which side waits").
     """
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     replica = max(1, n // 2)
@@ -309,7 +309,7 @@ def start_replica(
         # and its worker: with the default multiprocess executor the idle worker spins on its
         # message queue for 1 s after every step (shm_broadcast busy_loop_s), which took most of a
         # core on a 2-core machine (py-spy: 87% of the worker's samples in the wait loop); 128
-        # held-out games took 8.7 s with it and 6.7 s without (docs/BENCHMARKS.md section 6).
+        # held-out games took 8.7 s with it and 6.7 s without (docs/BENCHMARKS.md section 6 (the main job)).
         "VLLM_EXTRA_ARGS": "--enforce-eager --distributed-executor-backend uni",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # the uni executor binds no OpenMP threads: without this the replica takes every core

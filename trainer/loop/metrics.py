@@ -58,7 +58,7 @@ class BucketMetricsCallback(TrainerCallback):
 
     The file is written on a thread of its own, newest content first (a write waiting behind a
     slow one is replaced by the next): a Hub outage stalls hf_xet's upload for minutes (its
-    Xet-token retries back off from 3 s, up to 360 s: docs/BENCHMARKS.md section 13), and the
+    Xet-token retries back off from 3 s, up to 360 s: docs/BENCHMARKS.md section 13 (the user's journey)), and the
     training step must not wait for it. A failed write logs one line; the next write carries
     the newer metrics. Evaluations and the end of training wait until their write is done.
     """

@@ -94,7 +94,7 @@ class _CpuFlashAttn:
         allocate and fill a zero tensor the size of the whole row per segment and layer: 4.67 s
         of backward for a 24k-token, 129-segment row of the local model's shape on 2 threads,
         1.90 s this way, with bit-identical log-probabilities and gradients
-        (``python bench/bench_step.py``; docs/BENCHMARKS.md section 6).
+        (``python bench/bench_step.py``; docs/BENCHMARKS.md section 6 (the main job)).
         """
         if window_size not in ((-1, -1), [-1, -1]):
             raise TRLCompatError(f"sliding-window attention is not supported on CPU: {window_size}")

@@ -3,7 +3,7 @@ of the last guess and the running constraints of the whole game, in plain words.
 
 The environment answers a guess with two aligned rows (``C R A N E`` over ``X G Y X X``). Reading
 them needs the model to align the two rows by position, which a small model does not learn (the
-round-2 runs: 1-2% of guesses fit the feedback; the ablation in docs/BENCHMARKS.md section 6:
+round-2 runs: 1-2% of guesses fit the feedback; the ablation in docs/BENCHMARKS.md section 6 (the main job):
 0.02 without the board). The trainer's tool reply keeps that text and adds the same facts as separate items::
 
     Letters: c1 grey, r2 green, a3 yellow, n4 grey, e5 grey,

@@ -63,7 +63,7 @@ class WarmStartConfig:
             at most one per game; ``trainer.task.solver.solver_guesses``), so that the model sees
             a game go on after one. Off: at 0.3 (one run) the warm-started model stopped early
             in fewer games (0.05 -> 0.03) but repeated more and won less (held-out win 0.32 ->
-            0.29; docs/BENCHMARKS.md section 6).
+            0.29; docs/BENCHMARKS.md section 6 (the main job)).
         tie_rows: hold the answer rows to their spelling during SFT
             (``trainer.task.spelling.AnswerRowSpan``), so the warm start learns nothing that
             belongs to one word. Off: one run (default warm start, 512 held-out games) won more

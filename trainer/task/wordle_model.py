@@ -15,7 +15,7 @@ The board items the trainer adds to each tool reply (``trainer.task.board``: fee
 present and absent letters) are single tokens too, and :func:`spelling_init` gives the answer
 tokens and the item tokens embeddings built from shared letter-at-position vectors, so that the
 model knows each word's spelling before it has seen a game (after the same warm start, win rate
-0.38 against 0.00 from a random init: docs/BENCHMARKS.md section 6).
+0.38 against 0.00 from a random init: docs/BENCHMARKS.md section 6 (the main job)).
 
 The chat template is TRL's ``qwen3_instruct_2507`` (Qwen3 without thinking blocks): TRL recognises it
 (tool-call parsing) and it is prefix-preserving, so TRL's rollout renders it as is.

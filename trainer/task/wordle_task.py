@@ -103,7 +103,7 @@ def grpo_targets() -> frozenset:
     Three disjoint sets of targets, as a train/validation/test split: the warm start learns
     its targets by heart (it wins 0.47 of games on them and 0.31 on words it never saw as a
     target), so GRPO on those words reinforced memorised play that held-out words do not share.
-    Measured (docs/BENCHMARKS.md section 6, "Training words and held-out words"): GRPO's held-out
+    Measured (docs/BENCHMARKS.md section 6 (the main job), "Training words and held-out words"): GRPO's held-out
     gain +0.025, +0.011 and +0.020 in three runs on words the teacher never played, against
     +0.015 (SD 0.004, eight runs) on the teacher's words."""
     held_out = held_out_targets()
