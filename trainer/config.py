@@ -351,7 +351,9 @@ def model_defaults_line(cfg: TrainConfig, given: dict) -> str:
     variables the user set. Each is overridden by its flag."""
     hub_cpu = cfg.run.tiny is False and hub_cpu_defaults(dict(given)) != given
     chosen = [k for k in HUB_CPU_DEFAULTS if hub_cpu and k not in given]
-    chosen += [k for k in ("learning_rate", "tie_answer_rows") if k not in given]
+    chosen += [
+        k for k in ("learning_rate", "tie_answer_rows") if k not in given and k not in chosen
+    ]
     where = "the local model" if cfg.run.tiny else cfg.run.model_id()
     where += " without CUDA (HUB_CPU_DEFAULTS)" if hub_cpu else ""
     pairs = ", ".join(f"--{k.replace('_', '-')} {_flag_value(cfg, k)}" for k in chosen)
