@@ -197,6 +197,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
             "token_budget",
             "weight_sync_steps",
             "bf16",
+            "autocast",
             "off_policy",
             "tis_cap",
             "off_policy_stats",

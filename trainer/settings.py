@@ -218,7 +218,13 @@ class GRPOSettings:
             per optimizer step (24,576 holds about 70 local-model episodes). Set explicitly so
             TRL does not query the replica's ``/v1/models`` before it has its first version.
         weight_sync_steps: optimizer steps between publishes.
-        bf16: train with bf16 autocast (GPU); the CPU default trains in fp32 and publishes bf16.
+        bf16: load the weights in bf16 and train with bf16 autocast (GPU); the CPU default
+            trains in fp32 and publishes bf16.
+        autocast: keep the master weights in fp32 and run the forward and backward under bf16
+            autocast, also on a CPU (TRL's ``bf16=True`` with ``use_cpu=True``). The published
+            bits stay the bf16 rounding of the fp32 master, so deltas stay exact. On a 2-core
+            AMD EPYC with ``avx512_bf16``, SmolLM2-135M-Instruct's step went from ~92 s to ~66 s
+            (docs/BENCHMARKS.md section 11, "Toward learning on 2 cores").
         off_policy: how stale samples are weighed (``trainer.loop.off_policy``): ``off`` (TRL's
             objective; the default: the best measured at every lag of the lag x mode table,
             docs/BENCHMARKS.md section 12 (catch-up against lag), and it costs no recomputation), ``tis`` (truncated
@@ -244,6 +250,7 @@ class GRPOSettings:
     token_budget: int = 24576
     weight_sync_steps: int = 1
     bf16: bool = False
+    autocast: bool = False
     off_policy: str = "off"
     tis_cap: float = 2.0
     off_policy_stats: bool = False

@@ -113,6 +113,14 @@ class StepMetrics(_Strict):
     # earlier feedback, over the training games taken since the previous step (trainer.task.board)
     consistent_rate: float | None = None
     games: int | None = None  # training games (episodes) taken since the previous step
+    # of those games: accepted guesses / moves, accepted guesses a game, invalid moves by the
+    # game's code (wrong_length, not_a_word, ...)
+    valid_rate: float | None = None
+    guesses_mean: float | None = None
+    invalid_reasons: dict[str, int] = Field(default_factory=dict)
+    kl: float | None = None  # TRL's kl (trainer policy against the sampling logprobs)
+    clipped: float | None = None  # TRL's clip_ratio/region_mean: share of tokens clipped
+    tokens_per_s: float | None = None  # forwarded tokens of the step / its seconds
 
 
 class EvalResult(_Strict):

@@ -162,7 +162,8 @@ def test_callback_writes_the_steps_consistent_share_and_games(capsys):
     worker = _FakeWorker()
     tagger = ReplicaVersionTagger(worker, lambda: None, lambda: None)
     cb = BucketMetricsCallback(store, "run", _FakePublisher(), tagger=tagger)
-    completion, stats = _played("toast", ["crane", "slate", "pious", "boast", "toast"])
+    words = ["crane", "cranes", "slate", "zzzzz", "pious", "slate", "boast", "toast"]
+    completion, stats = _played("toast", words)
     for group in range(3):
         worker.rollout_buffer.put(_row(completion, group, 10))
         tagger.rollout_buffer.get(timeout=1)
@@ -176,7 +177,15 @@ def test_callback_writes_the_steps_consistent_share_and_games(capsys):
     assert second.consistent_rate is None
     assert cb.tagger.games_total == 3
     out = capsys.readouterr().out
-    assert f"cons={first.consistent_rate:.2f} games=3" in out and "cons=None games=0" in out
+    # the moves the game took and refused, by its own codes, as the episode's stats counted them
+    refused = sum(stats.invalid_reasons.values())
+    assert stats.invalid_reasons == {"wrong_length": 1, "not_a_word": 1, "repeated_guess": 1}
+    assert first.invalid_reasons == {k: 3 * v for k, v in stats.invalid_reasons.items()}
+    assert first.valid_rate == pytest.approx(stats.accepted / (stats.accepted + refused), abs=1e-4)
+    assert first.guesses_mean == stats.accepted == 5
+    assert (second.valid_rate, second.invalid_reasons) == (None, {})
+    assert f"cons={first.consistent_rate:.2f} valid={first.valid_rate:.2f} games=3" in out
+    assert "cons=None valid=None games=0" in out
     ev = written.evals[0]
     assert (ev.label, ev.consistent_rate, ev.invalid_rate, ev.stopped_early_rate) == (
         "step-2",

@@ -119,14 +119,15 @@ def _grpo_config(grpo: GRPOSettings, run: RunSettings, rollout_url: str | None):
         weight_sync_steps=grpo.weight_sync_steps,
         vllm_server_base_url=rollout_url,
         dtype="bfloat16" if grpo.bf16 else "float32",
-        bf16=grpo.bf16,
+        bf16=grpo.bf16 or grpo.autocast,  # fp32 master weights unless grpo.bf16
         logging_steps=1,
         report_to="none",
         save_strategy="no",
         seed=run.seed,
         log_completions=False,
-        # several CPU processes: accelerate's MULTI_CPU (DDP over gloo) needs use_cpu
-        use_cpu=ranks.world() > 1 and not ranks.has_cuda(),
+        # several CPU processes: accelerate's MULTI_CPU (DDP over gloo) needs use_cpu, and so does
+        # bf16 autocast on a CPU
+        use_cpu=(ranks.world() > 1 or grpo.autocast) and not ranks.has_cuda(),
         ddp_find_unused_parameters=False,  # every parameter takes part in the forward
     )
 

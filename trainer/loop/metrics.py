@@ -168,11 +168,18 @@ class BucketMetricsCallback(TrainerCallback):
         logs = logs or {}
         if "loss" not in logs and "reward" not in logs:
             return
-        if self.log_path is not None:
-            with open(self.log_path, "a") as f:
-                f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
         entry = self.publisher.published[-1] if self.publisher.published else None
         games = self.tagger.take_games() if self.tagger else None
+        step_s = self.step_s[-1] if self.step_s else None
+        tokens = _num(logs, "batch/forwarded_tokens_per_step")
+        played = {
+            "games/valid_rate": games.valid_rate if games else None,
+            "games/guesses_mean": games.guesses_mean if games else None,
+            "games/invalid_reasons": dict(games.invalid) if games else {},
+        }
+        if self.log_path is not None:
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps({"step": state.global_step, **logs, **played}) + "\n")
         m = StepMetrics(
             step=state.global_step,
             version=entry.version if entry else None,
@@ -190,14 +197,20 @@ class BucketMetricsCallback(TrainerCallback):
             turns_mean=_num(logs, "rollout/turns_mean"),
             consistent_rate=games.consistent_rate if games else None,
             games=games.games if games else None,
+            valid_rate=played["games/valid_rate"],
+            guesses_mean=played["games/guesses_mean"],
+            invalid_reasons=played["games/invalid_reasons"],
+            kl=_num(logs, "kl"),
+            clipped=_num(logs, "clip_ratio/region_mean"),
+            tokens_per_s=round(tokens / step_s, 1) if tokens and step_s else None,
         )
         self.metrics.steps = (self.metrics.steps + [m])[-self.keep :]
         self._write(force=False)
         rv = self.tagger.replica_version if self.tagger else None
         msg = (
             f"step {m.step} reward={_fmt(m.reward)} turns={_fmt(m.turns_mean, 2)} "
-            f"cons={_fmt(m.consistent_rate, 2)} games={m.games} "
-            f"loss={_fmt(m.loss)} step_s={_fmt(self.step_s[-1] if self.step_s else None, 1)} "
+            f"cons={_fmt(m.consistent_rate, 2)} valid={_fmt(m.valid_rate, 2)} games={m.games} "
+            f"loss={_fmt(m.loss)} kl={_fmt(m.kl, 4)} step_s={_fmt(step_s, 1)} "
             f"v{m.version} replica=v{rv} stale={_fmt(m.stale_fraction, 2)} "
             f"bytes={m.bytes} density={_fmt(m.density, 5)}"
         )

@@ -23,11 +23,11 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainer.task.board import consistency
+from trainer.task.board import consistency, move_tally
 
 log = logging.getLogger("trainer.loop.rollout_tagging")
 
@@ -39,11 +39,26 @@ class GameTally:
     Attributes:
         games: episodes.
         consistent: their consistent guesses; ``checked``: their guesses from the 2nd on.
+        accepted: their accepted guesses; ``invalid``: their invalid moves by code
+            (``trainer.task.board.move_tally``).
     """
 
     games: int = 0
     consistent: int = 0
     checked: int = 0
+    accepted: int = 0
+    invalid: Counter = field(default_factory=Counter)
+
+    @property
+    def valid_rate(self) -> float | None:
+        """accepted / (accepted + invalid moves): the share of moves the game took as guesses."""
+        moves = self.accepted + sum(self.invalid.values())
+        return round(self.accepted / moves, 4) if moves else None
+
+    @property
+    def guesses_mean(self) -> float | None:
+        """Accepted guesses per game."""
+        return round(self.accepted / self.games, 3) if self.games else None
 
     @property
     def consistent_rate(self) -> float | None:
@@ -217,11 +232,14 @@ class ReplicaVersionTagger:
             return
         ep.counted = True
         consistent, checked = consistency(sample.completion)
+        accepted, invalid = move_tally(sample.completion)
         with self._lock:
             self.games_total += 1
             self._games.games += 1
             self._games.consistent += consistent
             self._games.checked += checked
+            self._games.accepted += accepted
+            self._games.invalid.update(invalid)
 
     def take_games(self) -> GameTally:
         """The training games counted since the last call (the step just logged), and reset."""

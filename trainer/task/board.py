@@ -180,6 +180,39 @@ def accepted_moves(completion: Sequence[dict]) -> tuple[list[str], list[str]]:
     return guesses, marks
 
 
+def _reason_prefixes() -> dict[str, str]:
+    """Each invalid move's code and the start of the reason the game gives for it (the text
+    before ``, found``), from ``wordle_env.rules.check_guess`` itself, so that they cannot drift."""
+    tries = ((None, ()), ("ab1de", ()), ("abc", ()), ("abcde", ("abcde",)), ("abcde", ()))
+    out = {}
+    for token, before in tries:
+        invalid = rules.check_guess(token, before, ())
+        out[invalid.code] = invalid.reason.split(", found")[0]
+    return out
+
+
+_REASONS = _reason_prefixes()
+
+
+def move_tally(completion: Sequence[dict]) -> tuple[int, dict[str, int]]:
+    """``(accepted guesses, invalid moves by code)`` of one episode, read from the game's replies
+    in its tool messages (``wordle_env.rules.INVALID_MOVE_CODES``); a call the tool could not run
+    (no reply from the game) is in neither."""
+    accepted, invalid = 0, {}
+    for message in completion:
+        content = message.get("content")
+        if message.get("role") != "tool" or not isinstance(content, str):
+            continue
+        if _ACCEPTED.match(content):
+            accepted += 1
+            continue
+        for code, prefix in _REASONS.items():
+            if prefix in content:
+                invalid[code] = invalid.get(code, 0) + 1
+                break
+    return accepted, invalid
+
+
 def consistency(completion: Sequence[dict]) -> tuple[int, int]:
     """``(consistent, checked)`` of one episode, as ``trainer.task.wordle_task.EpisodeStats`` counts
     them: ``checked`` accepted guesses from the 2nd on, ``consistent`` of them could still be the
