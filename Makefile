@@ -118,12 +118,13 @@ model: setup
 # make train NPROC=2             the same with 2 trainer processes (torchrun; gloo on CPU, DDP)
 # make train ADAPTER=lora        a LoRA adapter instead of full weights (one process); its settings
 #   as flags: TRAIN_ARGS="--lora-rank 16 --lora-alpha 32 --lora-target-modules q_proj,v_proj"
+# make train TASK=my_env.task:TASK  your own environment (README "Your own environment")
 # make train NET=spaces           the local stack's bucket traffic through a simulated link (spaces, slow,
 #   or <latency ms>:<MB/s>; deltasync/link.py); SYNC_EVERY=k: the local replica pulls every k versions
 NPROC ?= 1
 TRAIN_LAUNCH := $(if $(filter-out 1,$(NPROC)),$(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) -m,$(PY) -m)
 train: setup
-	BUCKET="$(BUCKET)" MODEL="$(MODEL)" VLLM_URL="$(VLLM_URL)" ENV_URL="$(ENV_URL)" \
+	BUCKET="$(BUCKET)" MODEL="$(MODEL)" TASK="$(TASK)" VLLM_URL="$(VLLM_URL)" ENV_URL="$(ENV_URL)" \
 	  RUN_ID="$(RUN_ID)" STEPS="$(STEPS)" ADAPTER="$(ADAPTER)" NET="$(NET)" SYNC_EVERY="$(SYNC_EVERY)" \
 	  $(TRAIN_LAUNCH) trainer $(TRAIN_ARGS)
 

@@ -36,6 +36,7 @@ from report import save  # noqa: E402
 from trainer.local import processes  # noqa: E402
 from trainer.task.evaluate import evaluate  # noqa: E402
 from trainer.task.warm_start import WarmStartConfig, warm_start  # noqa: E402
+from trainer.task.wordle import TASK  # noqa: E402
 from trainer.task.wordle_task import eval_seeds  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "warm_start.json"
@@ -76,7 +77,7 @@ def main() -> None:
     empty = str(REPO / "runs" / "bench-warm-start" / "empty-bucket")
     os.makedirs(empty, exist_ok=True)
     rows = []
-    wordle = processes.start_wordle(logs)
+    wordle = processes.start_env_server(TASK.server, logs)
     try:
         wordle.wait_healthy(120)
         for name in args.variants.split(","):

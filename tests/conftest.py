@@ -65,7 +65,7 @@ def e2e_warm_start(tmp_path_factory) -> dict:
     cache.mkdir(exist_ok=True)
     with FileLock(str(shared / "warm-start-cache.lock")):
         cfg = TrainConfig.from_flags(cache_dir=str(cache), **E2E_WARM_START)
-        initial_model(cfg.run, cfg.warm_start)
+        initial_model(cfg.run, cfg.task(), cfg.warm_start)
     return {**E2E_WARM_START, "cache_dir": str(cache)}
 
 

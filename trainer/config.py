@@ -8,10 +8,10 @@ section         class                                  given to
 ==============  =====================================  ==========================================
 ``run``         :class:`RunSettings`                   the stack (bucket, folders), the summary
 ``secrets``     :class:`Secrets`                       the bucket and the fleet (never logged)
-``fleet``       :class:`FleetSettings`                 the replica pool and router, the Wordle URL
+``fleet``       :class:`FleetSettings`                 the replica pool and router, the env URL
 ``grpo``        :class:`GRPOSettings`                  ``trainer.loop.grpo.build_trainer``
 ``publish``     ``deltasync.publisher.PublisherConfig`` the publisher (anchors, retention, diff)
-``warm_start``  ``trainer.task.warm_start.WarmStartConfig`` the local model's warm start
+``warm_start``  ``trainer.task.warm_start.WarmStartConfig``the task's local model (``--model tiny``)
 ``eval``        :class:`EvalSettings`                  the held-out evaluations
 ``adapter``     :class:`AdapterSettings`               ``trainer.loop.trained_weights``
 ``local``       :class:`LocalSettings`                 the children started on this machine
@@ -54,6 +54,7 @@ from trainer.settings import (
     RunSettings,
     Secrets,
 )
+from trainer.task.base import Task, load_task
 from trainer.task.warm_start import WarmStartConfig
 
 __all__ = [  # the sections and their errors, re-exported for callers of the whole config
@@ -116,6 +117,7 @@ class TrainConfig:
             self.grpo.learning_rate = 2e-4 if tiny else (1e-6 if full else 1e-5)
         if self.grpo.tie_answer_rows is None:
             self.grpo.tie_answer_rows = tiny and full
+        self.eval.check_seeds(self.task().eval_seed_count)
         self.warm_start = dataclasses.replace(self.warm_start, seed=self.run.seed)  # one seed
         rebuilds = self.grpo.off_policy != "off" or self.grpo.off_policy_stats
         if rebuilds and not full:
@@ -125,6 +127,13 @@ class TrainConfig:
                 "generating policy is rebuilt from full-weight versions only. Use --off-policy "
                 "off for adapter runs"
             )
+
+    def task(self) -> Task:
+        """The run's :class:`~trainer.task.base.Task` (``run.task``).
+
+        Raises:
+            trainer.task.TaskError: the task cannot be loaded."""
+        return load_task(self.run.task)
 
     def record(self) -> dict:
         """Every setting that shapes the run, by section, as ``summary.json`` records it under
@@ -167,6 +176,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "bucket": ("run", "bucket", "BUCKET"),
     "run_id": ("run", "run_id", "RUN_ID"),
     "model": ("run", "model", "MODEL"),
+    "task": ("run", "task", "TASK"),
     "hub_warm_start_games": ("run", "hub_warm_start_games", None),
     "runs_root": ("run", "runs_root", None),
     "cache_dir": ("run", "cache_dir", None),

@@ -1,6 +1,6 @@
 """``make eval RUN=<run_id> SEEDS=<first>:<count>``: a finished run's held-out games before (its
 initial model) and after (its newest bucket version), each through a vLLM replica started here
-(``trainer.task.evaluate`` plays them). Reads the run's ``summary.json``; writes
+(the run's task plays them: ``Task.evaluate``). Reads the run's ``summary.json``; writes
 ``runs/<run>/eval-<first>-<count>.json``.
 """
 
@@ -13,7 +13,7 @@ import os
 
 from trainer.local import processes
 from trainer.settings import EvalSettings, GRPOSettings
-from trainer.task.evaluate import evaluate
+from trainer.task.base import EvalRequest, load_task
 
 
 def parse_seeds(spec: str) -> list[int]:
@@ -58,12 +58,13 @@ def main(argv: list[str] | None = None) -> None:
     with open(info_path) as f:
         info = json.load(f)
     model, bucket = info["initial_model"], info["bucket"]
+    task = load_task(info.get("settings", {}).get("run", {}).get("task", "wordle"))
     logs = os.path.join(run_dir, "logs", "eval")
     out, children = {}, []
     try:
-        wordle = processes.start_wordle(logs)
-        children.append(wordle)
-        wordle.wait_healthy(120)
+        env = processes.start_env_server(task.server, logs)
+        children.append(env)
+        env.wait_healthy(120)
         empty = os.path.abspath(os.path.join(run_dir, "eval-empty-bucket"))
         os.makedirs(empty, exist_ok=True)
         for label, store in (("before", empty), ("after", bucket)):
@@ -76,15 +77,8 @@ def main(argv: list[str] | None = None) -> None:
             replica.wait_healthy(900)
             if store != empty:
                 processes.wait_version(replica.url, info["final_version"], 300)
-            out[label] = evaluate(
-                replica.url,
-                model,
-                wordle.url,
-                seeds,
-                args.max_tokens,
-                EvalSettings.temperature,
-                model_name=name,
-            )
+            request = EvalRequest(replica.url, model, env.url, name, args.max_tokens)
+            out[label] = task.evaluate(request, seeds, EvalSettings.temperature, per_seed=False)
             replica.stop()
     finally:
         for c in reversed(children):

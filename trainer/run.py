@@ -1,7 +1,9 @@
-"""The training job: TRL's AsyncGRPOTrainer on Wordle, publishing every update to the bucket.
+"""The training job: TRL's AsyncGRPOTrainer on the run's task (Wordle by default), publishing every
+update to the bucket.
 
 ``python -m trainer`` (or ``make train``). The local default creates a tiny model, starts the
-Wordle Space and a vLLM replica as children, trains for ``max_steps`` steps, and prints a summary.
+task's environment server and a vLLM replica as children, trains for ``max_steps`` steps, and
+prints a summary.
 Restart: a run whose bucket already holds versions resumes from the newest one (the model weights
 are rebuilt from the bucket's newest anchor and deltas; the optimizer state starts fresh) and
 continues the version sequence with an anchor.
@@ -16,18 +18,19 @@ import time
 from trainer.config import TrainConfig
 from trainer.loop import ranks, trl_compat
 from trainer.loop.grpo import build_trainer
-from trainer.loop.learning_curve import EvalEvery, EvalTarget, HeldOutEvals
+from trainer.loop.learning_curve import EvalEvery, HeldOutEvals
 from trainer.loop.metrics import BucketMetricsCallback, quiet_progress
 from trainer.loop.trained_weights import trained_weights
 from trainer.stack import RunStack
 from trainer.starting_point import initial_model, resume_point
 from trainer.summary import build_summary
+from trainer.task.base import EvalRequest
 
 
 def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -> dict:
     """Train; returns the summary (also printed and written to ``runs/<run_id>/summary.json``).
 
-    The story: the model to start from -> the run stack (bucket, Wordle server, publisher,
+    The story: the model to start from -> the run stack (bucket, environment server, publisher,
     replica, dashboard, fleet, router) -> the evaluation before (when the replica serves the
     first version) -> GRPO with a learning-curve point every ``eval.every`` steps -> the
     evaluation after -> the summary. The stack stops in reverse order on every path. Each part
@@ -42,39 +45,27 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             add to the summary.
     """
     trl_compat.apply()
-    weights = trained_weights(cfg.adapter)
+    task, weights = cfg.task(), trained_weights(cfg.adapter)
     if ranks.world() > 1 and ranks.rank() != 0:
         return ranks.run_other_rank(
-            lambda model_path: build_trainer(cfg.grpo, cfg.run, weights, model_path).trainer
+            lambda model_path: build_trainer(cfg.grpo, cfg.run, weights, model_path, task).trainer
         )
     t_start = time.time()
-    with RunStack(cfg, weights) as stack:
-        base_model, warm_start_s = initial_model(cfg.run, cfg.warm_start)
+    with RunStack(cfg, weights, task) as stack:
+        base_model, warm_start_s = initial_model(cfg.run, task, cfg.warm_start)
         model_path = resume_point(cfg.run, stack.store, base_model)
         rollouts = stack.start(model_path, publisher_hook)
-        metrics = BucketMetricsCallback(
-            stack.store,
-            cfg.run.run_id,
-            rollouts.publisher,
-            log_path=os.path.join(stack.logs_dir, "steps.jsonl"),
-            fleet=stack.pool.replica_rows,
-        )
-        target = EvalTarget(
+        metrics = BucketMetricsCallback.for_run(stack, rollouts.publisher, task)
+        played_at = EvalRequest(
             rollouts.url,
             model_path,
             stack.env_url,
             weights.served_name,
             cfg.grpo.max_completion_length,
         )
-        evals = HeldOutEvals(
-            cfg.eval,
-            target,
-            newest_version=lambda: rollouts.publisher.newest_published,
-            served_version=rollouts.served_version,
-            record=metrics.add_eval,
-        )
+        evals = HeldOutEvals(cfg.eval, task, played_at, rollouts, record=metrics.add_eval)
         ranks.share_model_path(model_path)  # the other ranks build their trainers now
-        grpo = build_trainer(cfg.grpo, cfg.run, weights, model_path, rollouts, evals.before)
+        grpo = build_trainer(cfg.grpo, cfg.run, weights, model_path, task, rollouts, evals.before)
         metrics.tagger = grpo.tagger  # the training games and staleness of each step
         trainer = grpo.trainer
         trainer.add_callback(metrics)
@@ -88,18 +79,8 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         train_s = time.time() - t_train
         evals.after(trainer.state.global_step)
         start = dict(initial_model=base_model, warm_start_s=warm_start_s, train_s=train_s)
-        summary = build_summary(
-            cfg.run,
-            cfg.grpo,
-            weights,
-            stack,
-            weights.trained_digest(trainer),
-            grpo.tagger,
-            metrics,
-            evals,
-            start,
-        )
-        summary["settings"] = cfg.record()  # what ran: e.g. which off-policy correction
+        digest = weights.trained_digest(trainer)
+        summary = build_summary(cfg, start, digest, [stack, grpo.tagger, metrics, evals, weights])
         if before_stop is not None:
             before_stop(stack, summary)
         summary["wall_s"] = round(time.time() - t_start, 1)

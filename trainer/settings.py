@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from trainer.task.wordle_task import EVAL_SEED_COUNT, space_headers
+from trainer.task.base import space_headers
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen3-0.6B"
 OFF_POLICY_MODES = ("off", "tis", "decoupled")  # ``trainer.loop.off_policy``
@@ -55,6 +55,8 @@ class RunSettings:
         run_id: the run's name (bucket manifest, local folders).
         model: hub id or local folder; ``tiny`` creates a ~2.7 M-parameter Qwen3 locally. Default:
             ``tiny`` for the local run, ``Qwen/Qwen3-0.6B`` with a bucket.
+        task: the environment trained on (``trainer.task.base.load_task``): ``wordle``, or
+            ``package.module:NAME`` naming your own ``trainer.task.base.Task``.
         hub_warm_start_games: teacher games a hub model (or model folder) is fine-tuned on before
             GRPO (``trainer.task.hub_warm_start``; cut to their first 3 calls; 0: none). None:
             ``HUB_WARM_START_GAMES`` when the model's chat template has no tools (it has never
@@ -72,6 +74,7 @@ class RunSettings:
     bucket: str | None = None
     run_id: str = "wordle-local"
     model: str | None = None
+    task: str = "wordle"
     hub_warm_start_games: int | None = None
     runs_root: str = "runs"
     cache_dir: str | None = None
@@ -198,7 +201,7 @@ class GRPOSettings:
             ``(r - mean) / std`` over the group, what TRL's async worker does (docs/BENCHMARKS.md
             section 6 compares them).
         tie_answer_rows: GRPO changes the local model's answer rows only along their spelling
-            (``trainer.loop.spelling_tie``), so what it learns on training words reaches held-out
+            (``trainer.task.spelling_tie``), so what it learns on training words reaches held-out
             words. None (resolved by :class:`TrainConfig`): on for the local model trained in
             full, off otherwise (a hub tokenizer does not hold the answers as single tokens).
         per_device_train_batch_size: episodes generated concurrently and queued for the trainer
@@ -281,9 +284,9 @@ class EvalSettings:
         temperature: sampling temperature, the policy's own (1.0). Greedy (0) is misleading for a
             small model: the single likeliest token can be a non-word.
 
-    Raises (on construction):
-        EvalConfigError: ``episodes`` or ``curve_episodes`` above ``EVAL_SEED_COUNT`` (a larger
-            evaluation would play words trained on).
+    Raises (``check_seeds``, once the task is known):
+        EvalConfigError: ``episodes`` or ``curve_episodes`` above the task's held-out seeds (a
+            larger evaluation would play episodes trained on).
     """
 
     episodes: int = 512
@@ -291,15 +294,17 @@ class EvalSettings:
     curve_episodes: int = 64
     temperature: float = 1.0
 
-    def __post_init__(self) -> None:
+    def check_seeds(self, seed_count: int) -> None:
+        """Raise :class:`EvalConfigError` when an evaluation asks for more than the task's
+        ``seed_count`` held-out seeds."""
         for flag, value in (
             ("eval_episodes", self.episodes),
             ("eval_curve_episodes", self.curve_episodes),
         ):
-            if value > EVAL_SEED_COUNT:
+            if value > seed_count:
                 raise EvalConfigError(
-                    f"{flag}={value}: there are {EVAL_SEED_COUNT} held-out evaluation seeds (their "
-                    f"words are kept out of training); set {flag} to {EVAL_SEED_COUNT} or less"
+                    f"{flag}={value}: there are {seed_count} held-out evaluation seeds (kept "
+                    f"out of training); set {flag} to {seed_count} or less"
                 )
 
 

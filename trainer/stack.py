@@ -1,7 +1,7 @@
 """The run stack: everything a run starts around the trainer, started in order and stopped in
 reverse on every path, errors included.
 
-Order of :meth:`RunStack.start`: the Wordle server (local default), the publisher (for an adapter
+Order of :meth:`RunStack.start`: the task's environment server (local default), the publisher (for an adapter
 run, with the adapter it records), the local replica (with ``ADAPTER``, ``ADAPTER_NAME`` and
 ``MAX_LORA_RANK`` for an adapter run), the dashboard, then (once every child answers its health
 check) the fleet's replica pool and the HTTP router TRL talks to. Each part registers its stop on
@@ -26,7 +26,7 @@ from trainer.fleet.router import FleetRouter
 from trainer.local import processes
 from trainer.loop.rollouts import Rollouts
 from trainer.loop.trained_weights import FullWeights
-from trainer.task.wordle_task import ENV_URL_VAR
+from trainer.task.base import ENV_URL_VAR, Task, TaskError
 
 log = logging.getLogger("trainer")
 
@@ -40,7 +40,7 @@ class RunStack(contextlib.AbstractContextManager):
     Entering opens the bucket (``stack.store``) and the trainer log file
     (``runs/<run>/logs/trainer.log``); :meth:`start` starts the rest and returns the router's URL
     (which TRL, the context check and the evaluations use). After :meth:`start`: ``publisher``,
-    ``env_url`` (the Wordle server), ``pool`` (:class:`~trainer.fleet.pool.ReplicaPool`) and
+    ``env_url`` (the environment server), ``pool`` (:class:`~trainer.fleet.pool.ReplicaPool`) and
     ``router`` (:class:`~trainer.fleet.router.FleetRouter`).
 
     The stack is where the run's sections meet: it reads ``cfg.run``, ``cfg.secrets``,
@@ -52,10 +52,13 @@ class RunStack(contextlib.AbstractContextManager):
         cfg: the run's settings.
         weights: what the run trains (``trainer.loop.trained_weights``): the publisher's adapter
             record and the replica's environment.
+        task: the environment trained on (None: ``cfg.task()``); its server is started when no
+            ``--env-url`` is given.
     """
 
-    def __init__(self, cfg: TrainConfig, weights: FullWeights):
+    def __init__(self, cfg: TrainConfig, weights: FullWeights, task: Task | None = None):
         self.cfg, self.weights = cfg, weights
+        self.task = task or cfg.task()
         self.bucket = cfg.run.bucket_uri()
         self.logs_dir = os.path.join(cfg.run.run_dir, "logs")
         self.store: Store | None = None
@@ -101,7 +104,7 @@ class RunStack(contextlib.AbstractContextManager):
         return env
 
     def start(self, model_path: str, publisher_hook=None) -> Rollouts:
-        """Start the Wordle server, the publisher, the replica, the dashboard, the pool and the
+        """Start the task's environment server, the publisher, the replica, the dashboard, the pool and the
         router, in that order; ``publisher_hook(stack)`` runs once the publisher exists, before
         the children are waited for. Returns the rollout side as the trainer sees it
         (:class:`~trainer.loop.grpo.Rollouts`: the router's URL, the one replica URL TRL sees;
@@ -114,8 +117,15 @@ class RunStack(contextlib.AbstractContextManager):
         cfg = self.cfg
         self.model_path = model_path
         if self.env_url is None:
-            self.env_url = self.add_child(processes.start_wordle(self.logs_dir)).url
-        os.environ[ENV_URL_VAR] = self.env_url  # read by WordleToolEnv in TRL's rollout process
+            if self.task.server is None:
+                raise TaskError(
+                    f"task {self.task.name!r} has no local server: expected --env-url (ENV_URL) "
+                    "naming its environment server, found none"
+                )
+            self.env_url = self.add_child(
+                processes.start_env_server(self.task.server, self.logs_dir)
+            ).url
+        os.environ[ENV_URL_VAR] = self.env_url  # read by the task's client in TRL's rollout process
         self.publisher = self._start_publisher(model_path)
         self._exit.callback(self.publisher.close)  # idempotent: flushes the last publish
         fixed_urls, discover = parse_vllm_urls(cfg.fleet.vllm_url)
@@ -168,6 +178,17 @@ class RunStack(contextlib.AbstractContextManager):
         self._exit.callback(self.router.stop)
         log.info("rollout fleet behind %s: %s", url, self.pool.describe())
         return url
+
+    def summary(self) -> dict:
+        """The stack's part of the run's summary: the bucket's versions and bytes, the replicas'
+        heartbeats (``trainer.summary.bucket_summary``), and the fleet's figures."""
+        from trainer.summary import bucket_summary
+
+        return bucket_summary(self.store, self.publisher, self.replica_version) | {
+            "fleet": self.pool.replica_rows(),
+            "max_request_s": round(self.router.max_request_s, 1),
+            "sticky_turns": self.router.affinity.hits,  # later turns sent to their replica
+        }
 
     def replica_version(self) -> int | None:
         """The oldest version any serving replica holds (None before the first sync)."""

@@ -4,28 +4,27 @@ bucket already holds versions, those weights (restart)."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import shutil
 
 from deltasync.store import Store
 from trainer.settings import TINY, RunSettings
-from trainer.task.warm_start import WarmStartConfig
+from trainer.task.base import Task, TaskError
 
 log = logging.getLogger("trainer")
 
 
-def initial_model(run: RunSettings, warm_start_config: WarmStartConfig) -> tuple[str, float]:
+def initial_model(run: RunSettings, task: Task, warm_start_config) -> tuple[str, float]:
     """The model a new run starts from and the seconds spent building it: for ``tiny``, the
-    warm-started local model (``trainer.task.warm_start``, cached under ``runs/cache``); for a
-    hub id or a folder, the model with a tool-capable chat template
+    task's own local model (``task.local_model``, built from ``warm_start_config``, cached); for
+    a hub id or a folder, the model with a tool-capable chat template
     (``trainer.task.chat_format.with_tool_template``) and, when ``run.hub_warm_start_game_count``
-    asks for games, its warm start on the teacher's games (``trainer.task.hub_warm_start``,
-    cached). ``warm_start_config``: the local model's warm start.
+    asks for games and the task has a teacher, its warm start (``task.warm_start``, cached).
 
     Raises:
         trainer.task.chat_format.ChatTemplateError: the model's template has no tools and is not
             ChatML.
+        trainer.task.TaskError: ``--model tiny`` with a task that has no local model.
     """
     model, cache = run.model_id(), run.cache
     if run.tiny and model != TINY:  # the local model's folder, built before
@@ -35,27 +34,15 @@ def initial_model(run: RunSettings, warm_start_config: WarmStartConfig) -> tuple
 
         with_tools = with_tool_template(model, tool_template_folder(model, cache))
         games = run.hub_warm_start_game_count(template_swapped=with_tools != model)
-        if not games:
+        if not games or task.warm_start is None:
             return with_tools, 0.0
-        from trainer.task.hub_warm_start import HubWarmStartConfig, hub_warm_start
-
-        # In a child process: its SFT peaked at ~10 GB of activations (SmolLM2-135M, 4k-token
-        # batches) that this process would keep as freed heap beside TRL's model.
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(1) as pool:
-            ws = HubWarmStartConfig(games=games, seed=run.seed)
-            return pool.apply(_logged, (hub_warm_start, cache, with_tools, ws))
-    from trainer.task.warm_start import warm_start
-
-    return warm_start(cache, warm_start_config)
-
-
-def _logged(fn, *args):
-    """``fn(*args)`` in a spawned child, its log lines formatted as the trainer's."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    return fn(*args)
+        return task.warm_start(run, with_tools, games)
+    if task.local_model is None:
+        raise TaskError(
+            f"--model tiny with task {task.name!r}: expected a task with a local model, found "
+            "none; pass --model <hub id or model folder>"
+        )
+    return task.local_model(run, warm_start_config)
 
 
 def resume_point(run: RunSettings, store: Store, model: str) -> str:

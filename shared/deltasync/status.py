@@ -140,12 +140,13 @@ class EvalResult(_Strict):
     step: int  # trainer step at which it was played
     version: int | None = None  # bucket version the replica served
     episodes: int
-    wellformed_rate: float
-    valid_guess_rate: float
     reward_mean: float
     reward_se: float
-    win_rate: float
-    guesses_mean: float
+    # Wordle's figures (None for a task that has none)
+    wellformed_rate: float | None = None
+    valid_guess_rate: float | None = None
+    win_rate: float | None = None
+    guesses_mean: float | None = None
     consistent_rate: float | None = None
     invalid_rate: float | None = None
     stopped_early_rate: float | None = None

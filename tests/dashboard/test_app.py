@@ -21,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning")
 gr = pytest.importorskip("gradio", reason="the dashboard extra (gradio) is not installed")
 gradio_client = pytest.importorskip("gradio_client", reason="gradio_client (dev extra) missing")
 
-from dashboard.frames import COLUMNS, CURVE_SERIES, TRAIN_CONSISTENT  # noqa: E402
+from dashboard.frames import COLUMNS, CURVE_SERIES, TRAIN_CONSISTENT, TRAIN_VALID  # noqa: E402
 from dashboard.ui import (  # noqa: E402
     ADAPTER_LABELS,
     FIXED_COLORS,
@@ -83,7 +83,9 @@ def test_api_matches_the_data_layer(recorded_bucket):
         assert set(colors[3]) == {"anchor", "delta"}
         # the learning curve: its series in their fixed colors, the label in each tooltip
         curve = plots[names.index("curve")]
-        assert {k for k in curve["color_map"] if k != "~gen"} == {*CURVE_SERIES, TRAIN_CONSISTENT}
+        valid = expected.frame("training").valid_rate.notna().any()  # steps that counted moves
+        want = {*CURVE_SERIES, TRAIN_CONSISTENT} | ({TRAIN_VALID} if valid else set())
+        assert {k for k in curve["color_map"] if k != "~gen"} == want
         assert all(curve["color_map"][k] == FIXED_COLORS[k] for k in CURVE_SERIES)
         assert "label" in next(s for s in PLOTS if s.frame == "curve").tooltip
         assert "consistent" in summary

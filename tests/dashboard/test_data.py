@@ -253,7 +253,7 @@ def test_reward_curve_with_evaluations_and_stale_fraction():
     assert "eval **after**" in view.markdown(public=True)
     # written before consistent_rate was measured: the curve leaves it out, the table has NaN
     curve = view.frame("curve")
-    assert sorted(set(curve.series)) == ["reward", "win rate"]
+    assert sorted(set(curve.series)) == ["reward", "valid", "win rate"]
     assert curve[curve.series == "win rate"].value.tolist() == [0.25, 0.25]
     assert view.frame("evals").consistent_rate.isna().all()
     assert "consistent" not in view.markdown()

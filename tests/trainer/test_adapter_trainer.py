@@ -52,7 +52,7 @@ def test_trls_sync_publishes_the_adapter_and_leaves_the_base(tmp_path, monkeypat
         served_version=lambda: 10**6,
     )
     trainer, transfer, tagger = build_trainer(
-        cfg.grpo, cfg.run, weights, folder, rollouts, first.append
+        cfg.grpo, cfg.run, weights, folder, cfg.task(), rollouts, first.append
     )
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}

@@ -21,6 +21,8 @@ def _sample(flag: str) -> tuple[str, object]:
         return "lora", "lora"
     if flag == "net":  # a link profile (deltasync.link)
         return "slow", "slow"
+    if flag == "task":  # a loadable task: the shipped one, by module path
+        return "trainer.task.wordle:TASK", "trainer.task.wordle:TASK"
     section, name, _ = FLAGS[flag]
     hint = typing.get_type_hints(typing.get_type_hints(TrainConfig)[section])[name]
     default = getattr(TrainConfig(), section).__dataclass_fields__[name].default

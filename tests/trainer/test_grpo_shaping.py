@@ -9,8 +9,8 @@ import pytest
 
 from trainer.config import GRPOConfigError, TrainConfig
 from trainer.loop.advantages import CentredAdvantages
-from trainer.loop.spelling_tie import SpellingTiedRows, SpellingTieError, spelling_features
 from trainer.task import wordle_model
+from trainer.task.spelling_tie import SpellingTiedRows, SpellingTieError, spelling_features
 from wordle_env import wordlists
 
 

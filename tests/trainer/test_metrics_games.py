@@ -18,6 +18,7 @@ from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
 from deltasync.store import Store
 from trainer.loop.rollout_tagging import ReplicaVersionTagger
 from trainer.task.board import accepted_moves, consistency
+from trainer.task.wordle import episode_counts, step_figures
 from trainer.task.wordle_task import EpisodeStats, call_message, solver_conversation
 from wordle_env import wordlists
 from wordle_env.game import WordleGame
@@ -117,7 +118,9 @@ def test_tagger_counts_each_kept_scored_episode_once():
         for k, name in enumerate("abcde")
     }
     worker = _FakeWorker()
-    tagger = ReplicaVersionTagger(worker, lambda: None, lambda: None, max_staleness=1)
+    tagger = ReplicaVersionTagger(
+        worker, lambda: None, lambda: None, max_staleness=1, episode_counts=episode_counts
+    )
     tagger.trl_version = 5
     rows = [
         _row(convo["a"], 0, 10),  # a: one row
@@ -137,15 +140,17 @@ def test_tagger_counts_each_kept_scored_episode_once():
         tagger.rollout_buffer.get(timeout=1)
     want = [consistency(convo[n]) for n in "abbc"]
     step = tagger.take_games()
-    assert (step.games, step.consistent, step.checked) == (
+    assert (step.games, step.counts["consistent"], step.counts["checked"]) == (
         4,
         sum(c for c, _ in want),
         sum(n for _, n in want),
     )
-    assert step.consistent_rate == pytest.approx(step.consistent / step.checked, abs=1e-4)
+    figures = step_figures(dict(step.counts), step.games)
+    consistent_rate = step.counts["consistent"] / step.counts["checked"]
+    assert figures["consistent_rate"] == pytest.approx(consistent_rate, abs=1e-4)
     assert tagger.games_total == 4 and tagger.dropped == 2
     empty = tagger.take_games()
-    assert (empty.games, empty.consistent_rate) == (0, None)
+    assert (empty.games, step_figures(dict(empty.counts), 0)["consistent_rate"]) == (0, None)
     worker.rollout_buffer.put(_row(convo["a"], 3, 10))
     tagger.rollout_buffer.get(timeout=1)
     assert tagger.take_games().games == 1 and tagger.games_total == 5
@@ -160,8 +165,10 @@ def test_callback_writes_the_steps_consistent_share_and_games(capsys):
 
     store = Store("memory://test-metrics-games")
     worker = _FakeWorker()
-    tagger = ReplicaVersionTagger(worker, lambda: None, lambda: None)
-    cb = BucketMetricsCallback(store, "run", _FakePublisher(), tagger=tagger)
+    tagger = ReplicaVersionTagger(worker, lambda: None, lambda: None, episode_counts=episode_counts)
+    cb = BucketMetricsCallback(
+        store, "run", _FakePublisher(), tagger=tagger, step_figures=step_figures
+    )
     words = ["crane", "cranes", "slate", "zzzzz", "pious", "slate", "boast", "toast"]
     completion, stats = _played("toast", words)
     for group in range(3):

@@ -45,7 +45,9 @@ def stopped(monkeypatch):
     """The stack's parts with fake children; returns the list their stops are recorded in."""
     order: list[str] = []
     monkeypatch.setattr(stack_module.torch, "set_num_threads", lambda n: None)
-    monkeypatch.setattr(processes, "start_wordle", lambda logs: FakeChild("wordle", order))
+    monkeypatch.setattr(
+        processes, "start_env_server", lambda server, logs: FakeChild("wordle", order)
+    )
     monkeypatch.setattr(
         processes, "start_replica", lambda *a, **k: FakeChild("replica", order, _FAIL["replica"])
     )
@@ -119,29 +121,26 @@ def test_the_summary_of_a_recorded_run(tmp_path):
     metrics = TrainerMetrics(run_id="stack", steps=steps)
     store.write_bytes(TRAINER_METRICS_PATH, metrics.model_dump_json().encode())
     served = {"version": 1}
-    stack = SimpleNamespace(
-        store=store,
-        publisher=publisher,
-        pool=SimpleNamespace(replica_rows=lambda: [{"url": "r0", "served": 12}]),
-        router=SimpleNamespace(max_request_s=1.234, affinity=SimpleNamespace(hits=7)),
-        replica_version=lambda: served["version"],
-    )
-    evals = HeldOutEvals(cfg.eval, None, lambda: 1, lambda: 1, lambda *a: None)
+    stack = stack_module.RunStack(cfg, FullWeights())
+    stack.store, stack.publisher = store, publisher
+    stack.pool = SimpleNamespace(replica_rows=lambda: [{"url": "r0", "served": 12}])
+    stack.router = SimpleNamespace(max_request_s=1.234, affinity=SimpleNamespace(hits=7))
+    stack.replica_version = lambda: served["version"]
+    evals = HeldOutEvals(cfg.eval, cfg.task(), None, None, record=lambda *a: None)
     evals.blocks = {
         "before": {"reward_mean": 0.5, "per_seed": [0.5, 0.4, 0.6]},
         "after": {"reward_mean": 0.6, "per_seed": [0.6, 0.5, 0.6]},
     }
     tagger = SimpleNamespace(
-        games_total=40, staleness={1: 30, 0: 10}, dropped=0, per_sample_tags=40
+        summary=lambda: {"staleness": {0: 10, 1: 30}, "train_games": 40, "per_sample_tags": 40}
     )
-    metrics_cb = SimpleNamespace(step_s_median=lambda: 2.0, stale_fraction=lambda: 0.0)
+    metrics_cb = SimpleNamespace(summary=lambda: {"step_s_median": 2.0, "stale_fraction": 0.0})
     weights = FullWeights()
     digest = weights.trained_digest(SimpleNamespace(model=model))
     start = {"initial_model": "m", "warm_start_s": 1.04, "train_s": 20.0}
 
     def summary():
-        args = (cfg.run, cfg.grpo, weights, stack, digest, tagger, metrics_cb, evals, start)
-        return build_summary(*args)
+        return build_summary(cfg, start, digest, [stack, tagger, metrics_cb, evals, weights])
 
     s = summary()
     assert (s["run_id"], s["versions_published"], s["anchors"]) == ("stack", [0, 1], [0])

@@ -1,9 +1,11 @@
-"""The local default's child processes: the Wordle environment Space and a vLLM rollout replica,
-each started from its Space folder's own entry point on 127.0.0.1 and stopped at the end.
+"""The local default's child processes: the task's environment server, a vLLM rollout replica and
+the dashboard, each started from its Space folder's own entry point on 127.0.0.1 and stopped at
+the end.
 
-The trainer never imports Space code: it runs ``python -m wordle_env.server.app`` (spaces/wordle-env) and
-``python -m rollout.launch`` (spaces/vllm-rollout) as subprocesses, configured by the same
-environment variables a Hugging Face Space would set.
+The trainer never imports Space code: it runs the task's server command (``trainer.task.EnvServer``,
+e.g. ``python -m wordle_env.server.app`` in spaces/wordle-env) and ``python -m rollout.launch``
+(spaces/vllm-rollout) as subprocesses, configured by the same environment variables a Hugging Face
+Space would set.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from dataclasses import dataclass
 import httpx
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORDLE_DIR = os.path.join(REPO, "spaces", "wordle-env")
 ROLLOUT_DIR = os.path.join(REPO, "spaces", "vllm-rollout")
 log = logging.getLogger("trainer.local.processes")
 
@@ -188,11 +189,12 @@ def _spawn(name: str, args: list[str], cwd: str, env: dict, log_dir: str, port: 
     return Child(name, proc, f"http://127.0.0.1:{port}", log_path)
 
 
-def start_wordle(log_dir: str) -> Child:
-    """The Wordle environment Space on a free loopback port (not waited for)."""
+def start_env_server(server, log_dir: str) -> Child:
+    """A task's environment server (``trainer.task.EnvServer``) on a free loopback port, its
+    ``PORT`` set (not waited for: ``Child.wait_healthy``)."""
     port = free_port()
-    env = {"PORT": str(port), "WORDLE_HOST": "127.0.0.1"}
-    return _spawn("wordle-env", ["-m", "wordle_env.server.app"], WORDLE_DIR, env, log_dir, port)
+    env = {**dict(server.env), "PORT": str(port)}
+    return _spawn(server.name, list(server.args), server.cwd, env, log_dir, port)
 
 
 def quiet_libraries() -> None:

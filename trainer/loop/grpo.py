@@ -1,5 +1,5 @@
-"""Building TRL's AsyncGRPOTrainer for the run: the Wordle environment as the reward, the bucket
-weight transfer, the bounded rollout queue and the per-sample version stamps."""
+"""Building TRL's AsyncGRPOTrainer for the run: the task's environment (or reward functions) as the
+reward, the bucket weight transfer, the bounded rollout queue and the per-sample version stamps."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from trainer.loop.rollout_tagging import ReplicaVersionTagger
 from trainer.loop.rollouts import Rollouts, wait_for_version
 from trainer.loop.trained_weights import FullWeights
 from trainer.settings import GRPOSettings, RunSettings
-from trainer.task.wordle_task import WordleToolEnv, make_dataset
+from trainer.task.base import Task
 
 
 class GRPOParts(NamedTuple):
@@ -31,18 +31,21 @@ def build_trainer(
     run: RunSettings,
     weights: FullWeights,
     model_path: str,
+    task: Task,
     rollouts: Rollouts | None = None,
     on_first_apply: Callable[[int], None] | None = None,
 ) -> GRPOParts:
     """TRL's AsyncGRPOTrainer for the run, then what the run attaches to it, each a named step:
-    the bucket weight transfer, the version tags on every sample, the answer rows tied to their
-    spelling (the local model), centred advantages, and the off-policy correction. Ranks other
-    than 0 pass only the settings, ``weights`` and ``model_path``.
+    the bucket weight transfer, the version tags on every sample, the task's own steps
+    (``task.attach``: e.g. the local Wordle model's answer rows tied to their spelling), centred
+    advantages, and the off-policy correction. Ranks other than 0 pass no ``rollouts``.
 
     Args:
         grpo: the update's settings; run: the output folder and the seed.
         weights: what the run trains (``trainer.loop.trained_weights``).
         model_path: the model folder TRL loads.
+        task: the environment (``trainer.task.base.Task``): its rows, its tool environment or
+            reward functions, its own attach step.
         rollouts: the run's :class:`Rollouts` (None on ranks other than 0).
         on_first_apply: ``f(version)``, run once the replicas serve the first published version
             and before TRL's rollout worker starts (the evaluation "before").
@@ -71,19 +74,20 @@ def build_trainer(
     n_rows = max(64, grpo.max_steps * grpo.per_device_train_batch_size)
     trainer = AsyncGRPOTrainer(
         model=model_path,
-        reward_funcs=[],  # the environment's get_reward is the reward (trainer.task.wordle_task)
+        # a tool environment's get_reward is the reward; a single-turn task has reward functions
+        reward_funcs=list(task.reward_funcs),
         args=_grpo_config(grpo, run, rollouts.url),
-        train_dataset=make_dataset(n_rows, run.seed),
-        environment_factory=WordleToolEnv,
+        train_dataset=task.dataset(n_rows, run.seed),
+        environment_factory=task.environment_factory,
         weight_transfer=transfer,
         peft_config=weights.peft_config(),
     )
     transfer.step_fn = lambda: trainer.state.global_step  # recorded in each manifest entry
     weights.prepare_trainer(trainer, transfer, rollouts.publisher)
     trl_compat.bound_score_queue(trainer, groups=1)
-    tagger = _attach_version_tags(trainer, grpo, transfer, rollouts)
-    if grpo.tie_answer_rows:
-        _attach_spelling_tie(trainer)
+    tagger = _attach_version_tags(trainer, grpo, transfer, rollouts, task)
+    if task.attach is not None:
+        task.attach(trainer, run, grpo)
     if grpo.scale_rewards == "none" and trainer.rollout_queue is not None:
         trainer.rollout_queue = CentredAdvantages(trainer.rollout_queue)
     if grpo.off_policy != "off" or grpo.off_policy_stats:
@@ -132,7 +136,7 @@ def _grpo_config(grpo: GRPOSettings, run: RunSettings, rollout_url: str | None):
     )
 
 
-def _attach_version_tags(trainer, grpo: GRPOSettings, transfer, rollouts: Rollouts):
+def _attach_version_tags(trainer, grpo: GRPOSettings, transfer, rollouts: Rollouts, task: Task):
     """Wrap TRL's rollout worker so that each sample carries the oldest version that generated
     it (staleness, the training games); returns the tagger (None where there is no worker)."""
     return trl_compat.wrap_rollout_worker(
@@ -143,16 +147,9 @@ def _attach_version_tags(trainer, grpo: GRPOSettings, transfer, rollouts: Rollou
             rollouts.served_version,
             max_staleness=grpo.max_staleness,
             sample_versions_fn=rollouts.sample_versions,
+            episode_counts=task.episode_counts,
         ),
     )
-
-
-def _attach_spelling_tie(trainer) -> None:
-    """The local model's answer rows move only along their spelling (``trainer.loop.spelling_tie``)."""
-    from trainer.loop.spelling_tie import SpellingTiedRows
-
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    trainer.add_callback(SpellingTiedRows(model, trainer.processing_class))
 
 
 def _attach_correction(trainer, grpo: GRPOSettings, model_path: str, rollouts: Rollouts) -> None:

@@ -2,8 +2,8 @@
 paired comparison of the first and the last.
 
 :class:`EvalEvery` is a ``transformers.TrainerCallback`` that, every ``every`` optimizer steps,
-waits until the replica serves the newest published version and plays the held-out games through
-it (``trainer.task.evaluate``). Training waits meanwhile (the rollout worker keeps its bounded queue),
+waits until the replica serves the newest published version and plays the held-out episodes
+through it (the task's ``evaluate``). Training waits meanwhile (the rollout worker keeps its bounded queue),
 so the evaluation does not share the CPU with a training step. :func:`paired_difference` compares
 two evaluations of the same seeds game by game: the same word is played before and after, so the
 per-seed difference removes the words' own difficulty from the standard error.
@@ -16,14 +16,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from trainer.loop.rollouts import wait_for_version
+from trainer.loop.rollouts import Rollouts, wait_for_version
 from trainer.settings import EvalSettings
-from trainer.task.evaluate import check_context, evaluate
-from trainer.task.wordle_task import eval_seeds
+from trainer.task.base import EvalRequest, Task
 
 log = logging.getLogger("trainer")
 
@@ -38,66 +36,42 @@ CURVE_FIELDS = (
 )
 
 
-@dataclass
-class EvalTarget:
-    """What the evaluations play through: the fleet router's URL, the model folder (its
-    tokenizer renders the prompts), the Wordle server's URL, the model name to request (an
-    adapter run's served name; None: the served model), and the tokens of a turn."""
-
-    replica_url: str
-    model_path: str
-    env_url: str
-    model_name: str | None
-    max_tokens: int
-
-
 class HeldOutEvals:
     """The run's held-out evaluations, all through the replica fleet: ``before`` (once the
     replica serves the first version), a learning-curve point every ``settings.every`` steps, and
     ``after`` (once it serves the final version). Each block is kept in :attr:`blocks` (label ->
-    ``trainer.task.evaluate.summarize`` block with ``per_seed``) and recorded in the bucket
-    metrics (``record(label, step, version, block)``).
+    the task's evaluation block with ``per_seed``) and recorded in the bucket metrics
+    (``record(label, step, version, block)``).
 
     Args:
         settings: the run's :class:`~trainer.config.EvalSettings`.
-        target: :class:`EvalTarget`.
-        newest_version: ``f() -> int | None``: the newest published version (None before the
-            first; the evaluation then waits for no version).
-        served_version: ``f() -> int | None``: the oldest version the serving replicas hold.
+        task: the environment (its held-out seeds, ``evaluate`` and ``check_context``).
+        target: what the evaluations play through (``trainer.task.base.EvalRequest``).
+        rollouts: the run's ``trainer.loop.rollouts.Rollouts``: its publisher's newest version
+            (None before the first; the evaluation then waits for no version) and the oldest
+            version the serving replicas hold.
         record: ``f(label, step, version, block)`` (the metrics callback's ``add_eval``).
     """
 
     def __init__(
         self,
         settings: EvalSettings,
-        target: EvalTarget,
-        newest_version: Callable[[], int | None],
-        served_version: Callable[[], int | None],
+        task: Task,
+        target: EvalRequest,
+        rollouts: Rollouts,
         record: Callable[[str, int, int | None, dict], None],
     ):
-        self.settings, self.target = settings, target
-        self.newest_version, self.served_version, self.record = (
-            newest_version,
-            served_version,
-            record,
-        )
+        self.settings, self.task, self.target = settings, task, target
+        self.rollouts, self.record = rollouts, record
         self.blocks: dict[str, dict] = {}
 
     def play(self, label: str, step: int, version: int | None, games: int) -> None:
         """Play ``games`` held-out games (the first ``games`` evaluation seeds) and record them."""
         if games <= 0:
             return
-        t0, t = time.time(), self.target
-        block = evaluate(
-            t.replica_url,
-            t.model_path,
-            t.env_url,
-            eval_seeds(count=games),
-            t.max_tokens,
-            self.settings.temperature,
-            per_seed=True,
-            model_name=t.model_name,
-        )
+        t0 = time.time()
+        seeds = self.task.eval_seeds(games)
+        block = self.task.evaluate(self.target, seeds, self.settings.temperature, per_seed=True)
         self.blocks[label] = block
         self.record(label, step, version, block)
         log.info("eval %s (v%s, %.0fs): %s", label, version, time.time() - t0, fmt_eval(block))
@@ -105,8 +79,9 @@ class HeldOutEvals:
     def before(self, version: int) -> None:
         """Once a replica serves the first version: the context check, then the evaluation."""
         t = self.target
-        worst = check_context(t.replica_url, t.model_path, t.max_tokens)
-        log.info("a full episode fits the replica's context (at most %d tokens)", worst)
+        if self.task.check_context is not None:
+            worst = self.task.check_context(t.replica_url, t.model_path, t.max_tokens)
+            log.info("a full episode fits the replica's context (at most %d tokens)", worst)
         self.play("before", 0, version, self.settings.episodes)
 
     def curve_point(self, step: int) -> None:
@@ -118,9 +93,9 @@ class HeldOutEvals:
         self._play_newest("after", step, self.settings.episodes)
 
     def _play_newest(self, label: str, step: int, games: int) -> None:
-        version = self.newest_version()
+        version = self.rollouts.publisher.newest_published
         if version is not None:
-            wait_for_version(self.served_version, version, timeout_s=300)
+            wait_for_version(self.rollouts.served_version, version, timeout_s=300)
         self.play(label, step, version, games)
 
     def curve(self) -> list[dict]:
@@ -144,6 +119,16 @@ class HeldOutEvals:
             return None
         return paired_difference(before["per_seed"], after["per_seed"])
 
+    def summary(self) -> dict:
+        """The evaluations' part of the run's summary: before, after, their paired difference
+        and the learning curve."""
+        return {
+            "eval_before": self.summary_block("before"),
+            "eval_after": self.summary_block("after"),
+            "eval_paired": self.paired(),
+            "eval_curve": self.curve(),
+        }
+
     def summary_block(self, label: str) -> dict | None:
         """The ``label`` evaluation without its per-seed rewards (for the summary)."""
         block = self.blocks.get(label)
@@ -151,19 +136,17 @@ class HeldOutEvals:
 
 
 def fmt_eval(b: dict) -> str:
-    """One log line's worth of an evaluation block."""
-    return (
-        f"reward {b['reward_mean']:.3f}+-{b['reward_se']:.3f} win {b['win_rate']:.2f} "
-        f"consistent {b['consistent_rate']:.2f} "
-        f"wellformed {b['wellformed_rate']:.2f} valid {b['valid_guess_rate']:.2f} "
-        f"guesses {b['guesses_mean']:.2f} bad-end {b['bad_end_rate']:.2f} "
-        f"invalid {_reasons(b.get('invalid_reasons') or {})}"
-    )
-
-
-def _reasons(counts: dict[str, int]) -> str:
-    """``repeated_guess=202,not_a_word=3`` (invalid moves by reason), ``0`` when none."""
-    return ",".join(f"{k}={v}" for k, v in counts.items()) or "0"
+    """One log line's worth of an evaluation block: the reward and its standard error, then the
+    task's other figures (rates to 2 digits, counts by name)."""
+    parts = [f"reward {b['reward_mean']:.3f}+-{b['reward_se']:.3f}"]
+    for k, v in b.items():
+        if k in ("reward_mean", "reward_se", "episodes", "per_seed"):
+            continue
+        if isinstance(v, float):
+            parts.append(f"{k.removesuffix('_rate')} {v:.2f}")
+        elif isinstance(v, dict):
+            parts.append(f"{k} " + (",".join(f"{n}={c}" for n, c in v.items()) or "0"))
+    return " ".join(parts)
 
 
 class EvalEvery(TrainerCallback):

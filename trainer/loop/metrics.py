@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import statistics
 import threading
 import time
@@ -55,6 +56,8 @@ class BucketMetricsCallback(TrainerCallback):
             every step. Evaluations and the end of training always write.
         fleet: ``f() -> list[dict]``: the fleet's per-replica rows
             (``trainer.fleet.pool.ReplicaPool.replica_rows``), or None.
+        step_figures: ``f(counts, games) -> dict``: the task's figures of a step's training
+            games (``Task.step_figures``: e.g. Wordle's valid share), or None: none.
 
     The file is written on a thread of its own, newest content first (a write waiting behind a
     slow one is replaced by the next): a Hub outage stalls hf_xet's upload for minutes (its
@@ -73,8 +76,10 @@ class BucketMetricsCallback(TrainerCallback):
         min_write_interval_s: float = 30.0,
         log_path: str | None = None,
         fleet=None,
+        step_figures=None,
     ):
         self.log_path = log_path
+        self.step_figures = step_figures
         self.store = store
         remote = str(store.uri).startswith(("hf://", "s3://"))
         self.min_write_interval_s = min_write_interval_s if remote else 0.0
@@ -91,6 +96,19 @@ class BucketMetricsCallback(TrainerCallback):
         self.step_s: list[float] = []
         self._step_t0: float | None = None
 
+    @classmethod
+    def for_run(cls, stack, publisher, task) -> BucketMetricsCallback:
+        """The metrics of a run: into its bucket, every step also in ``logs/steps.jsonl``, with
+        its fleet's rows and its task's figures of the training games."""
+        return cls(
+            stack.store,
+            stack.cfg.run.run_id,
+            publisher,
+            log_path=os.path.join(stack.logs_dir, "steps.jsonl"),
+            fleet=stack.pool.replica_rows,
+            step_figures=task.step_figures,
+        )
+
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_t0 = time.perf_counter()
 
@@ -101,6 +119,10 @@ class BucketMetricsCallback(TrainerCallback):
     def step_s_median(self) -> float | None:
         """Median seconds per optimizer step (sample wait + forward/backward + publish diff)."""
         return round(statistics.median(self.step_s), 3) if self.step_s else None
+
+    def summary(self) -> dict:
+        """The metrics' part of the run's summary: the step time's median and the stale share."""
+        return {"step_s_median": self.step_s_median(), "stale_fraction": self.stale_fraction()}
 
     def stale_fraction(self) -> float | None:
         """Samples discarded as stale / samples generated (consumed by the trainer or left in the
@@ -172,12 +194,11 @@ class BucketMetricsCallback(TrainerCallback):
         games = self.tagger.take_games() if self.tagger else None
         step_s = self.step_s[-1] if self.step_s else None
         tokens = _num(logs, "batch/forwarded_tokens_per_step")
-        played = {
-            "games/valid_rate": games.valid_rate if games else None,
-            "games/guesses_mean": games.guesses_mean if games else None,
-            "games/invalid_reasons": dict(games.invalid) if games else {},
-        }
+        figures = {}
+        if games is not None and self.step_figures is not None:
+            figures = self.step_figures(dict(games.counts), games.games)
         if self.log_path is not None:
+            played = {f"games/{k}": v for k, v in figures.items()}
             with open(self.log_path, "a") as f:
                 f.write(json.dumps({"step": state.global_step, **logs, **played}) + "\n")
         m = StepMetrics(
@@ -195,11 +216,8 @@ class BucketMetricsCallback(TrainerCallback):
             density=entry.density if entry and entry.delta else None,
             stale_fraction=self.stale_fraction(),
             turns_mean=_num(logs, "rollout/turns_mean"),
-            consistent_rate=games.consistent_rate if games else None,
             games=games.games if games else None,
-            valid_rate=played["games/valid_rate"],
-            guesses_mean=played["games/guesses_mean"],
-            invalid_reasons=played["games/invalid_reasons"],
+            **{k: v for k, v in figures.items() if k in StepMetrics.model_fields},
             kl=_num(logs, "kl"),
             clipped=_num(logs, "clip_ratio/region_mean"),
             tokens_per_s=round(tokens / step_s, 1) if tokens and step_s else None,

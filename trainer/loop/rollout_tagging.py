@@ -11,8 +11,9 @@ also keeps the staleness histogram of every sample the trainer took from the que
 ``max_staleness`` are the ones TRL dropped.
 
 It also counts the training games: each episode the trainer kept (not dropped as stale) and that
-was scored, once, with its consistent guesses (``trainer.task.board.consistency``, read from the conversation's
-tool messages), per step (:meth:`ReplicaVersionTagger.take_games`) and in all (``games_total``).
+was scored, once, with the task's counts of it (``Task.episode_counts``, read from the episode's
+messages: e.g. Wordle's consistent guesses), per step (:meth:`ReplicaVersionTagger.take_games`) and
+in all (``games_total``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainer.task.board import consistency, move_tally
-
 log = logging.getLogger("trainer.loop.rollout_tagging")
 
 
@@ -38,32 +37,12 @@ class GameTally:
 
     Attributes:
         games: episodes.
-        consistent: their consistent guesses; ``checked``: their guesses from the 2nd on.
-        accepted: their accepted guesses; ``invalid``: their invalid moves by code
-            (``trainer.task.board.move_tally``).
+        counts: the task's counts of those episodes, summed (``Task.episode_counts``: e.g.
+            Wordle's accepted guesses and invalid moves by code).
     """
 
     games: int = 0
-    consistent: int = 0
-    checked: int = 0
-    accepted: int = 0
-    invalid: Counter = field(default_factory=Counter)
-
-    @property
-    def valid_rate(self) -> float | None:
-        """accepted / (accepted + invalid moves): the share of moves the game took as guesses."""
-        moves = self.accepted + sum(self.invalid.values())
-        return round(self.accepted / moves, 4) if moves else None
-
-    @property
-    def guesses_mean(self) -> float | None:
-        """Accepted guesses per game."""
-        return round(self.accepted / self.games, 3) if self.games else None
-
-    @property
-    def consistent_rate(self) -> float | None:
-        """consistent / checked (None when no guess was checked)."""
-        return round(self.consistent / self.checked, 4) if self.checked else None
+    counts: Counter = field(default_factory=Counter)
 
 
 @dataclass
@@ -119,6 +98,8 @@ class ReplicaVersionTagger:
         max_staleness: TRL's setting; consumed samples staler than this are the dropped ones.
         sample_versions_fn: a sample's token ids -> the bucket versions that answered its turns
             (``trainer.fleet.affinity.EpisodeAffinity.versions_of``), or None: group tags stand.
+        episode_counts: ``f(completion) -> {name: count}`` of one training episode (the task's
+            ``episode_counts``), or None: games are counted without figures.
     """
 
     def __init__(
@@ -129,8 +110,10 @@ class ReplicaVersionTagger:
         poll_s: float = 0.25,
         max_staleness: int | None = None,
         sample_versions_fn: Callable[[list[int]], list[int]] | None = None,
+        episode_counts: Callable[[list], dict[str, int]] | None = None,
     ):
         self.max_staleness = max_staleness
+        self._episode_counts = episode_counts
         self._sample_versions_fn = sample_versions_fn
         self.per_sample_tags = 0  # samples re-stamped from their own answers' versions
         self.inner = inner
@@ -231,15 +214,21 @@ class ReplicaVersionTagger:
         if not kept or ep.counted or not _scored(sample):
             return
         ep.counted = True
-        consistent, checked = consistency(sample.completion)
-        accepted, invalid = move_tally(sample.completion)
+        counts = self._episode_counts(sample.completion) if self._episode_counts else {}
         with self._lock:
             self.games_total += 1
             self._games.games += 1
-            self._games.consistent += consistent
-            self._games.checked += checked
-            self._games.accepted += accepted
-            self._games.invalid.update(invalid)
+            self._games.counts.update(counts)
+
+    def summary(self) -> dict:
+        """The tagger's part of the run's summary: the staleness histogram of the samples the
+        trainer took, how many were dropped as stale, the training games."""
+        return {
+            "staleness": dict(sorted(self.staleness.items())),
+            "staleness_dropped": self.dropped,
+            "per_sample_tags": self.per_sample_tags,
+            "train_games": self.games_total,
+        }
 
     def take_games(self) -> GameTally:
         """The training games counted since the last call (the step just logged), and reset."""

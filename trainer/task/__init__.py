@@ -1,7 +1,10 @@
-"""The Wordle task: what the model is trained to do and how well it does it.
+"""The task: what the model is trained to do and how well it does it, behind one seam.
 
-Owns the prompt, the tool-calling environment and the reward (``wordle_task``), the board the
-trainer adds to each tool reply (``board``), the teacher (``solver``), the local model and its
-tokenizer (``wordle_model``, ``tiny_model``), the warm start (``warm_start``) and the held-out
-evaluation (``evaluate``). Nothing here knows about buckets, replicas or the fleet.
+:class:`~trainer.task.base.Task` (``base``) is all the rest of the trainer knows of an
+environment; :func:`~trainer.task.base.load_task` picks one by name (``--task`` / ``TASK``). Wordle is the one
+shipped (``wordle``): the prompt, the tool-calling environment and the reward (``wordle_task``),
+the board added to each tool reply (``board``), the teacher (``solver``), the local model and its
+tokenizer (``wordle_model``, ``tiny_model``), the warm starts (``warm_start``,
+``hub_warm_start``), the answer rows tied to their spelling (``spelling``, ``spelling_tie``) and
+the held-out evaluation (``evaluate``). Nothing here knows about buckets, replicas or the fleet.
 """

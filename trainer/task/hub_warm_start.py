@@ -229,3 +229,11 @@ def hub_warm_start(
 
     path = os.path.abspath(os.path.join(cache_dir, f"hub-warm-start-{_key(model_path, cfg)}"))
     return ws.cached_build(path, build_into)
+
+
+def logged(fn, *args):
+    """``fn(*args)`` in a spawned child, its log lines formatted as the trainer's."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return fn(*args)

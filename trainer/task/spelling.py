@@ -9,7 +9,7 @@ rank 147). :class:`AnswerRowSpan` projects rows back onto that span,
     W_answers <- W0 + U U^T (W_answers - W0),   U = orthonormal basis of S's columns (SVD),
 
 so what training changes in a word's row is shared with every word spelled alike: the warm start
-(``WarmStartConfig.tie_rows``) and GRPO (``trainer.loop.spelling_tie``) then learn nothing that
+(``WarmStartConfig.tie_rows``) and GRPO (``trainer.task.spelling_tie``) then learn nothing that
 belongs to one training word alone, and held-out words get what training words get. Measured: with
 free rows the default warm start wins 0.47 of games on training words and 0.31 on held-out words
 (docs/BENCHMARKS.md section 6 (the main job), "Training words and held-out words").

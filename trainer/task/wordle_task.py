@@ -29,9 +29,9 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 from trainer.task import board
+from trainer.task.base import ENV_URL_VAR, space_headers
 from wordle_env import rules, wordlists
 
 log = logging.getLogger("trainer.task.wordle_task")
@@ -42,7 +42,6 @@ log = logging.getLogger("trainer.task.wordle_task")
 EVAL_SEED_FIRST = 900_000
 EVAL_SEED_COUNT = 512
 
-ENV_URL_VAR = "DELTASYNC_ENV_URL"
 SYSTEM_PROMPT = (
     "You are playing Wordle. Find the secret 5-letter English word in at most 6 guesses. "
     "Call the `guess` tool with one lowercase 5-letter word. After each guess you get feedback "
@@ -69,15 +68,6 @@ def eval_seeds(first: int = EVAL_SEED_FIRST, count: int = EVAL_SEED_COUNT) -> li
 def held_out_targets(first: int = EVAL_SEED_FIRST, count: int = EVAL_SEED_COUNT) -> frozenset:
     """The target words of the evaluation seeds (excluded from training games)."""
     return frozenset(wordlists.target_for_seed(s) for s in eval_seeds(first, count))
-
-
-def space_headers(url: str, hf_token: str | None) -> dict[str, str]:
-    """``Authorization: Bearer <hf_token>`` for a ``*.hf.space`` URL (a private Space), else no
-    header: the HF token is never sent to other hosts."""
-    host = urlparse(url).hostname or ""
-    if hf_token and host.endswith(".hf.space"):
-        return {"Authorization": f"Bearer {hf_token}"}
-    return {}
 
 
 def prompt_messages() -> list[dict]:

@@ -32,10 +32,11 @@ COLUMNS: dict[str, list[str]] = {
     ).split(),
     # the same syncs in long form: phase "fetch" | "decode" | "apply" | "paused"
     "sync_phases": "time replica version phase seconds".split(),
-    # one row per trainer step; consistent_rate and games: the step's training games
+    # one row per trainer step; consistent_rate, valid_rate, kl and games: the step's training
+    # games (valid_rate: accepted guesses / moves) and TRL's KL
     "training": (
         "step time version reward loss staleness_mean stale_fraction diff_s encode_s upload_s mb "
-        "density consistent_rate games"
+        "density consistent_rate valid_rate kl games"
     ).split(),
     # reward per step in long form for one plot: series "train" (the trainer's mean reward) and
     # one series per evaluation, "eval <label> ±SE" (three points at its step: mean - SE, mean,
@@ -65,8 +66,10 @@ CURVE_SERIES = {
     "reward": "reward_mean",
     "win rate": "win_rate",
     "consistent": "consistent_rate",
+    "valid": "valid_guess_rate",
 }
 TRAIN_CONSISTENT = "consistent (train)"
+TRAIN_VALID = "valid (train)"
 
 # Columns holding text (nominal in plots); "time" is datetime; every other column is numeric.
 TEXT_COLUMNS = frozenset(
@@ -226,6 +229,8 @@ class FramesFromHistory:
                     mb,
                     s.density,
                     s.consistent_rate,
+                    s.valid_rate,
+                    s.kl,
                     s.games,
                 )
             )
@@ -250,7 +255,8 @@ class FramesFromHistory:
 
     def _curve_frame(self) -> pd.DataFrame:
         """The learning curve: each evaluation's ``CURVE_SERIES`` at its step (a rate that an
-        older file lacks is left out), then the training games' consistent share per step."""
+        older file lacks is left out), then the training games' consistent and valid shares
+        per step."""
         rows = [
             (e.step, getattr(e, field), series, e.label)
             for e in self._sorted_evals()
@@ -258,9 +264,13 @@ class FramesFromHistory:
             if getattr(e, field) is not None
         ]
         rows += [
-            (k, s.consistent_rate, TRAIN_CONSISTENT, "training")
+            (k, value, series, "training")
+            for series, field in (
+                (TRAIN_CONSISTENT, "consistent_rate"),
+                (TRAIN_VALID, "valid_rate"),
+            )
             for k, s in sorted(self._steps.items())
-            if s.consistent_rate is not None
+            if (value := getattr(s, field)) is not None
         ]
         return _frame("curve", rows)
 

@@ -50,11 +50,13 @@ FIXED_COLORS = {
     "decode": "#ff7f0e",
     "apply": "#2ca02c",
     "paused": "#d62728",
-    # the learning curve (dashboard.frames.CURVE_SERIES, TRAIN_CONSISTENT)
+    # the learning curve (dashboard.frames.CURVE_SERIES, TRAIN_CONSISTENT, TRAIN_VALID)
     "reward": "#1f77b4",
     "win rate": "#2ca02c",
     "consistent": "#d62728",
     "consistent (train)": "#f4a6a6",
+    "valid": "#9467bd",
+    "valid (train)": "#c5b0d5",
 }
 STALENESS_COLORS = ["#2ca02c", "#bcbd22", "#ff7f0e", "#d62728", "#8c564b", "#7f7f7f"]
 

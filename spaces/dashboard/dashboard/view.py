@@ -162,15 +162,18 @@ class RunView:
             lines += [f"warning: {w.detail}" for w in self.warnings]
         evals = self.frame("evals")
         for r in evals.itertuples():
-            consistent = (
-                f", consistent {100 * r.consistent_rate:.0f}%"
-                if pd.notna(r.consistent_rate)
-                else ""
+            rates = "".join(  # the task's shares that this evaluation has
+                f", {name} {100 * value:.0f}%"
+                for name, value in (
+                    ("win rate", r.win_rate),
+                    ("valid", r.valid_guess_rate),
+                    ("consistent", r.consistent_rate),
+                )
+                if pd.notna(value)
             )
             lines.append(
                 f"eval **{r.label}** (step {r.step}, {r.episodes} games): reward "
-                f"{r.reward_mean:.3f} ± {r.reward_se:.3f} (SE), win rate {100 * r.win_rate:.0f}%"
-                f"{consistent}"
+                f"{r.reward_mean:.3f} ± {r.reward_se:.3f} (SE){rates}"
             )
         stamp = time.strftime("%H:%M:%S", time.localtime(self.read_at))
         lines.append(

@@ -1,0 +1,160 @@
+"""The environment sits behind one seam (``trainer.task.base.Task``): nothing outside
+``trainer/task/`` names Wordle or imports its modules, a task is picked by name or module path with
+clear errors, and a second, different task (a single-turn letter puzzle served by its own OpenEnv
+server, ``letter_task.py`` / ``letter_env.py`` beside this file) trains through the same trainer,
+replica and bucket without a line of ``trainer/loop``, ``trainer/fleet`` or ``trainer/stack.py``
+knowing it."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import tokenize
+from pathlib import Path
+
+import httpx
+import pytest
+
+import trainer
+from trainer.task.base import Task, TaskError, load_task
+
+TRAINER = Path(trainer.__file__).parent
+HERE = Path(__file__).parent  # letter_task.py, letter_env.py
+
+
+@pytest.fixture(autouse=True)
+def letter_on_path(monkeypatch):
+    """``letter_task`` importable, as a user's own task module on PYTHONPATH would be (TRL's
+    spawned rollout process inherits ``sys.path``)."""
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+# What the rest of the trainer may import from trainer/task/: the seam itself, the tool-call
+# renderer every tool task shares, and the local model's warm-start settings (a config section).
+SEAM = {"trainer.task.base", "trainer.task.chat_format", "trainer.task.warm_start"}
+
+
+def _outside_task() -> list[Path]:
+    return [
+        p for p in sorted(TRAINER.rglob("*.py")) if "task" not in p.relative_to(TRAINER).parts[:1]
+    ]
+
+
+def test_no_wordle_name_outside_the_task():
+    found = []
+    for path in _outside_task():
+        source = path.read_text()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.NAME and "wordle" in tok.string.lower():
+                found.append(f"{path.relative_to(TRAINER)}:{tok.start[0]} {tok.string}")
+        for node in ast.walk(ast.parse(source)):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module == "trainer.task":
+                names = [f"trainer.task.{a.name}" for a in node.names]  # modules of the package
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if name.startswith("wordle_env") or (
+                    name.startswith("trainer.task.") and name not in SEAM
+                ):
+                    found.append(f"{path.relative_to(TRAINER)}:{node.lineno} imports {name}")
+    assert len(_outside_task()) >= 25  # the walk saw the trainer's files
+    assert found == [], (
+        f"expected the environment only behind trainer.task.base.Task, found {found}; reach it "
+        "through the run's Task (cfg.task())"
+    )
+
+
+def test_load_task_by_name_and_by_module_path():
+    wordle = load_task("wordle")
+    assert isinstance(wordle, Task) and wordle.name == "wordle"
+    assert load_task("trainer.task.wordle:TASK") is wordle
+    letter = load_task("letter_task:TASK")
+    assert letter.name == "letter" and letter.environment_factory is None and letter.reward_funcs
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("chess", "expected one of wordle or 'package.module:NAME'"),
+        ("no_such_module_here:TASK", "cannot import 'no_such_module_here'"),
+        ("trainer.task.wordle:episode_counts", "found function"),
+    ],
+)
+def test_a_task_that_cannot_be_loaded_says_why(spec, says):
+    with pytest.raises(TaskError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        load_task(spec)
+
+
+def test_a_task_needs_an_environment_or_reward_functions():
+    common = dict(
+        dataset=lambda n, s: None, eval_seeds=lambda n: [], eval_seed_count=0, evaluate=dict
+    )
+    with pytest.raises(TaskError, match="found neither"):
+        Task(name="empty", **common)
+    with pytest.raises(TaskError, match="found both"):
+        Task(name="both", environment_factory=object, reward_funcs=[print], **common)
+
+
+def test_the_command_line_picks_the_task(monkeypatch, capsys):
+    from trainer.config import from_args
+
+    monkeypatch.setenv("TASK", "letter_task:TASK")
+    small = ["--eval-episodes", "16", "--eval-curve-episodes", "8"]
+    assert from_args(small).task().name == "letter"
+    with pytest.raises(SystemExit):  # argparse's error: the TaskError's message, exit 2
+        from_args(["--task", "chess", *small])
+    # more held-out episodes than the task holds (the default 512): refused at once, saying the
+    # task's own count
+    with pytest.raises(SystemExit):
+        from_args([])
+    assert "eval_episodes=512: there are 64 held-out evaluation seeds" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_second_task_trains_through_the_same_trainer_replica_and_bucket(tmp_path, e2e_warm_start):
+    from trainer.config import TrainConfig
+    from trainer.run import run
+    from trainer.starting_point import initial_model
+
+    local = TrainConfig.from_flags(runs_root=str(tmp_path), **e2e_warm_start)
+    model, _ = initial_model(local.run, local.task(), local.warm_start)  # the cached local model
+    cfg = TrainConfig.from_flags(
+        task="letter_task:TASK",
+        model=model,
+        run_id="letter",
+        runs_root=str(tmp_path),
+        max_steps=3,
+        num_generations=4,
+        per_device_train_batch_size=32,
+        eval_episodes=16,
+        eval_every=0,
+        dashboard=False,
+    )
+    served = {}
+
+    def before_stop(stack, summary):  # while the letter server still runs
+        served.update(httpx.get(f"{stack.env_url}/stats", timeout=10).json())
+
+    summary = run(cfg, before_stop=before_stop)
+    # it trained the planned steps through the bucket, and the replica holds the final weights
+    assert summary["steps"] == 3 and summary["versions_published"] == [0, 1, 2, 3]
+    assert summary["replica_bit_exact"] is True
+    assert summary["settings"]["run"]["task"] == "letter_task:TASK"
+    # the letter server scored every training episode and both evaluations, and rewards varied
+    games = summary["train_games"]
+    assert games >= 3 * 4 and served["answers"] >= games + 2 * 16
+    assert 0 < served["rewarded"] < served["answers"], served
+    # the held-out evaluations ran through the replica with the task's own evaluate, paired
+    assert summary["eval_before"]["episodes"] == summary["eval_after"]["episodes"] == 16
+    assert summary["eval_paired"]["games"] == 16
+    steps = [
+        json.loads(line)
+        for line in (tmp_path / "letter" / "logs" / "steps.jsonl").read_text().splitlines()
+    ]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(0.0 <= s["reward"] <= 1.0 for s in steps)
+    assert all(s["rewards/letter_reward"] == s["reward"] for s in steps)  # its one reward

@@ -1,0 +1,115 @@
+"""Wordle as a :class:`~trainer.task.base.Task`: the one environment the template ships.
+
+Each piece is defined in its own module (``wordle_task``: prompts, the OpenEnv client as TRL's
+tool environment, the reward; ``evaluate``: the held-out games; ``board``: the per-episode
+counts; ``warm_start`` / ``hub_warm_start``: the teacher's warm starts; ``spelling_tie``: the
+local model's answer rows). This file only assembles them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+from trainer.task import board, wordle_task
+from trainer.task.base import EnvServer, EvalRequest, Task
+
+# spaces/wordle-env, run as `python -m wordle_env.server.app` (the trainer never imports the Space)
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORDLE_DIR = os.path.join(_REPO, "spaces", "wordle-env")
+
+
+def _evaluate(request: EvalRequest, seeds: list, temperature: float, per_seed: bool) -> dict:
+    from trainer.task.evaluate import evaluate
+
+    return evaluate(
+        request.replica_url,
+        request.model_path,
+        request.env_url,
+        seeds,
+        request.max_tokens,
+        temperature,
+        per_seed=per_seed,
+        model_name=request.model_name,
+    )
+
+
+def _check_context(replica_url: str, model_path: str, max_tokens: int) -> int:
+    from trainer.task.evaluate import check_context
+
+    return check_context(replica_url, model_path, max_tokens)
+
+
+def episode_counts(completion: list) -> dict[str, int]:
+    """One training episode's counts: ``consistent`` / ``checked`` guesses
+    (``board.consistency``), ``accepted`` guesses and ``invalid:<code>`` moves
+    (``board.move_tally``)."""
+    consistent, checked = board.consistency(completion)
+    accepted, invalid = board.move_tally(completion)
+    counts = {"consistent": consistent, "checked": checked, "accepted": accepted}
+    counts.update({f"invalid:{code}": n for code, n in invalid.items()})
+    return counts
+
+
+def step_figures(counts: dict[str, int], games: int) -> dict:
+    """A step's Wordle figures from its games' summed :func:`episode_counts`: the consistent
+    share, the valid share of moves, accepted guesses a game, invalid moves by code (None where
+    nothing was counted)."""
+    invalid = {k.split(":", 1)[1]: n for k, n in counts.items() if k.startswith("invalid:")}
+    accepted, checked = counts.get("accepted", 0), counts.get("checked", 0)
+    moves = accepted + sum(invalid.values())
+    return {
+        "consistent_rate": round(counts.get("consistent", 0) / checked, 4) if checked else None,
+        "valid_rate": round(accepted / moves, 4) if moves else None,
+        "guesses_mean": round(accepted / games, 3) if games else None,
+        "invalid_reasons": invalid,
+    }
+
+
+def _attach(trainer, run, grpo) -> None:
+    """The local model's answer rows move only along their spelling (``spelling_tie``)."""
+    if not grpo.tie_answer_rows:
+        return
+    from trainer.task.spelling_tie import SpellingTiedRows
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    trainer.add_callback(SpellingTiedRows(model, trainer.processing_class))
+
+
+def _local_model(run, warm_start_config) -> tuple[str, float]:
+    """The local default's model: a ~2.7 M-parameter Qwen3 with one token per answer, warm
+    started on the solver's games (``warm_start``, cached)."""
+    from trainer.task.warm_start import warm_start
+
+    return warm_start(run.cache, warm_start_config)
+
+
+def _warm_start(run, model_path: str, games: int) -> tuple[str, float]:
+    """A pretrained model's warm start on ``games`` teacher games (``hub_warm_start``), in a
+    spawned child: its SFT peaked at ~10 GB of activations (SmolLM2-135M, 4k-token batches) that
+    the trainer's process would keep as freed heap beside TRL's model."""
+    from trainer.task.hub_warm_start import HubWarmStartConfig, hub_warm_start, logged
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        cfg = HubWarmStartConfig(games=games, seed=run.seed)
+        return pool.apply(logged, (hub_warm_start, run.cache, model_path, cfg))
+
+
+TASK = Task(
+    name="wordle",
+    dataset=wordle_task.make_dataset,
+    server=EnvServer(
+        "wordle-env", ("-m", "wordle_env.server.app"), WORDLE_DIR, (("WORDLE_HOST", "127.0.0.1"),)
+    ),
+    environment_factory=wordle_task.WordleToolEnv,
+    eval_seeds=lambda count: wordle_task.eval_seeds(count=count),
+    eval_seed_count=wordle_task.EVAL_SEED_COUNT,
+    evaluate=_evaluate,
+    check_context=_check_context,
+    episode_counts=episode_counts,
+    step_figures=step_figures,
+    attach=_attach,
+    warm_start=_warm_start,
+    local_model=_local_model,
+)
