@@ -216,6 +216,12 @@ def quiet_libraries() -> None:
     ):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("vllm").setLevel(logging.ERROR)
+    quiet_model_io()
+    # TRL 1.16's AsyncGRPOTrainer adds two StepIntervalCallbacks (weight sync, step metrics), and
+    # transformers warns, with the whole callback list, that one is already there.
+    logging.getLogger("transformers.trainer_callback").addFilter(
+        lambda record: "but there is already one" not in record.getMessage()
+    )
     # huggingface_hub's library logger has a stream handler of its own (utils/logging.py) and
     # propagates to the root's: each retry warning appeared twice on the terminal.
     import huggingface_hub.utils.logging  # noqa: F401  (adds that handler on first import)
@@ -223,6 +229,14 @@ def quiet_libraries() -> None:
     logging.getLogger("huggingface_hub").handlers.clear()
     for handler in logging.getLogger().handlers:  # the terminal: libraries' INFO goes to the file
         handler.addFilter(_terminal_filter)
+
+
+def quiet_model_io() -> None:
+    """No progress bars for loading and saving weights (transformers' "Loading weights",
+    "Writing model shards"): the run's own bar and step lines are the terminal's."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 _LIBRARIES = (

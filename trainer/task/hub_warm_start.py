@@ -232,8 +232,12 @@ def hub_warm_start(
 
 
 def logged(fn, *args):
-    """``fn(*args)`` in a spawned child, its log lines formatted as the trainer's."""
+    """``fn(*args)`` in a spawned child, its log lines formatted as the trainer's, without the
+    weights' loading and saving bars."""
+    from transformers.utils import logging as hf_logging
+
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    hf_logging.disable_progress_bar()
     return fn(*args)
