@@ -36,8 +36,9 @@ from deltasync.store import Store
 pytest.importorskip("gradio", reason="the dashboard extra (gradio) is not installed")
 
 from dashboard import ui  # noqa: E402
+from tools.browser import CHROMIUM  # noqa: E402
 
-from .browser_helpers import CHROMIUM, Cdp, _wait, chromium, dashboard  # noqa: E402
+from .browser_helpers import Cdp, _wait, chromium, dashboard  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
