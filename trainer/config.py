@@ -62,6 +62,7 @@ __all__ = [  # the sections and their errors, re-exported for callers of the who
     "DEFAULT_HUB_MODEL",
     "FLAGS",
     "HUB_CPU_DEFAULTS",
+    "HUB_CPU_FULL_LEARNING_RATE",
     "HUB_WARM_START_GAMES",
     "TINY",
     "AdapterConfigError",
@@ -80,19 +81,27 @@ __all__ = [  # the sections and their errors, re-exported for callers of the who
     "hub_cpu_defaults",
 ]
 
-# A hub model (or model folder) trained without CUDA: settings that fit a 2-core machine, used for
-# every one of these flags not given on the command line or in the environment (``from_args``). A
-# 135 M-parameter model trains ~100 tokens a second there and its episodes are ~1,300 tokens; the
-# replica plays a 5-guess game in ~10 s. docs/BENCHMARKS.md section 11 (a real pretrained chat model).
+# A hub model (or model folder) trained without CUDA: the learning run measured on a 2-core machine
+# (SmolLM2-135M-Instruct; docs/BENCHMARKS.md section 11, "Toward learning on 2 cores"), used for
+# every one of these flags not given on the command line or in the environment (``from_args``):
+# groups of 4 and 6,144 tokens a step (a 135 M-parameter model trains ~100-200 tokens a second
+# there, an episode is ~900 tokens), bf16 autocast over fp32 master weights (~92 -> ~66 s a step),
+# 64 steps, 128 held-out games before and after (the paired SE ~0.01) and 32 every 16 steps.
 log = logging.getLogger("trainer")
 
 HUB_CPU_DEFAULTS = {
     "num_generations": 4,
     "per_device_train_batch_size": 8,
     "token_budget": 6144,
-    "eval_episodes": 64,
-    "eval_curve_episodes": 16,
+    "autocast": True,
+    "max_steps": 64,
+    "eval_episodes": 128,
+    "eval_every": 16,
+    "eval_curve_episodes": 32,
 }
+# ... and full weights learn at 2e-5 there (1e-6, the GPU-scale default, moved nothing in 3 steps;
+# 3e-5 reached KL 0.05 by step 3); an adapter keeps TrainConfig's own default.
+HUB_CPU_FULL_LEARNING_RATE = 2e-5
 
 
 @dataclass
@@ -245,8 +254,9 @@ def _default(flag: str):
 
 
 def hub_cpu_defaults(kw: dict, cuda: bool | None = None) -> dict:
-    """``kw`` (the flags given) with ``HUB_CPU_DEFAULTS`` for those not given, when the run trains
-    a hub model (not ``tiny``) without CUDA (``cuda``: None asks torch); else ``kw``."""
+    """``kw`` (the flags given) with ``HUB_CPU_DEFAULTS`` (and, for full weights,
+    ``HUB_CPU_FULL_LEARNING_RATE``) for those not given, when the run trains a hub model (not
+    ``tiny``) without CUDA (``cuda``: None asks torch); else ``kw``."""
     probe = RunSettings(bucket=kw.get("bucket"), model=kw.get("model"))
     if probe.tiny:
         return kw
@@ -254,7 +264,10 @@ def hub_cpu_defaults(kw: dict, cuda: bool | None = None) -> dict:
         import torch
 
         cuda = torch.cuda.is_available()
-    return kw if cuda else {**HUB_CPU_DEFAULTS, **kw}
+    if cuda:
+        return kw
+    full = {"learning_rate": HUB_CPU_FULL_LEARNING_RATE} if kw.get("adapter") is None else {}
+    return {**HUB_CPU_DEFAULTS, **full, **kw}
 
 
 def _parse_bool(s: str) -> bool:

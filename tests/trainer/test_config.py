@@ -196,7 +196,7 @@ def test_an_evaluation_larger_than_the_held_out_set_is_refused():
 
 
 def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given():
-    from trainer.config import HUB_CPU_DEFAULTS, hub_cpu_defaults
+    from trainer.config import HUB_CPU_DEFAULTS, HUB_CPU_FULL_LEARNING_RATE, hub_cpu_defaults
 
     assert hub_cpu_defaults({}, cuda=False) == {}  # the local model keeps its own
     given = {"model": "runs/models/smollm2-135m-instruct", "eval_episodes": 8}
@@ -208,6 +208,14 @@ def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given
     assert hub_cpu_defaults(given, cuda=True) == given  # a GPU trains the usual sizes
     with_bucket = hub_cpu_defaults({"bucket": "user/run"}, cuda=False)  # Qwen3-0.6B by default
     assert with_bucket["token_budget"] == HUB_CPU_DEFAULTS["token_budget"]
+    # the learning run: bf16 autocast, full weights at the measured rate, an adapter its own
+    assert sized.grpo.autocast and sized.grpo.learning_rate == HUB_CPU_FULL_LEARNING_RATE
+    lora = TrainConfig.from_flags(**hub_cpu_defaults({**given, "adapter": "lora"}, cuda=False))
+    assert (
+        lora.grpo.learning_rate
+        == TrainConfig.from_flags(adapter="lora", model="m").grpo.learning_rate
+    )
+    assert lora.grpo.autocast
 
 
 def test_a_hub_model_is_warm_started_only_when_it_never_saw_a_tool_unless_asked():
@@ -289,5 +297,5 @@ def test_the_settings_the_model_chose_are_named_once(env, caplog):
         from_args(["--model", "Qwen/Qwen3-0.6B", "--token-budget", "2048"])
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("settings")]
     assert "Qwen/Qwen3-0.6B without CUDA (HUB_CPU_DEFAULTS)" in line
-    assert "--num-generations 4" in line and "--learning-rate 1e-06" in line
+    assert "--num-generations 4" in line and "--learning-rate 2e-05" in line
     assert "--token-budget" not in line  # given by the user
