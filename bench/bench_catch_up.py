@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 import torch
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 from deltasync.manifest import Manifest
 from deltasync.publisher import DeltaPublisher, PublisherConfig
@@ -393,7 +393,8 @@ def main() -> None:
     p.add_argument("--ks", default=",".join(map(str, KS)))
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)))
     p.add_argument("--out", default="bench/results/catch_up.json")
-    a = p.parse_args()
+    smoke = dict(versions=4, layers=1, repeats=1, ks="1,2,4", intervals="2,4")
+    a = parse_with_smoke(p, {**smoke, "out": smoke_path("catch_up.json")})
     a.ks = [int(k) for k in a.ks.split(",")]
     a.intervals = [int(i) for i in a.intervals.split(",")]
     if max(a.ks) > a.versions:

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 import zstandard
-from report import save
+from report import parse_with_smoke, save, smoke_path
 from tqdm import tqdm
 
 from deltasync import codec
@@ -45,6 +45,15 @@ QWEN3_06B = dict(
     head_dim=128,
     tie_word_embeddings=True,
     max_position_embeddings=4096,
+)
+# --smoke: the same architecture at a small vocabulary and width (seconds, not minutes)
+SMOKE_SHAPE = dict(
+    vocab_size=4096,
+    hidden_size=128,
+    intermediate_size=384,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
 )
 
 
@@ -163,7 +172,8 @@ def run(lr: float, args) -> dict:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(args.seed)
-    cfg = Qwen3Config(**{**QWEN3_06B, "num_hidden_layers": args.layers})
+    shape = {**QWEN3_06B, **(SMOKE_SHAPE if args.smoke else {}), "num_hidden_layers": args.layers}
+    cfg = Qwen3Config(**shape)
     model = Qwen3ForCausalLM(cfg).float()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01)
     prev = bits_of(model)
@@ -220,7 +230,8 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128, help="tokens per sequence (batch of 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results/codec.json")
-    args = p.parse_args()
+    smoke = dict(lrs=[1e-5], steps=1, layers=1, seq=32, out=smoke_path("codec.json"))
+    args = parse_with_smoke(p, smoke)
     torch.set_num_threads(os.cpu_count() or 1)
     results = [run(lr, args) for lr in args.lrs]
     meta = dict(args=vars(args), cpu_count=os.cpu_count(), torch=torch.__version__)

@@ -1,8 +1,9 @@
 """The data path's own costs, outside the codec (`make bench`; bench/results/datapath.json).
 
-A synthetic bf16 model (``--tensors`` x 4096 x 4096, np.uint16 bits; 20 tensors = 335 M elements,
-671 MB) is published as one anchor and ``--deltas`` deltas at ~1% density, on a folder and on
-``memory://`` (a store with no local path: payloads take the remote branch, as on hf://).
+A synthetic bf16 model (``--tensors`` x ``--side`` x ``--side``, np.uint16 bits; 20 x 4096 x 4096
+= 335 M elements, 671 MB) is published as one anchor and ``--deltas`` deltas at ~1% density, on a
+folder and on ``memory://`` (a store with no local path: payloads take the remote branch, as on
+hf://).
 Reported:
   - publisher: ``write_upload_s`` per version from the manifest's timings (part files written,
     hashed and handed to the store in one batch), anchor and median delta;
@@ -19,7 +20,7 @@ import time
 import uuid
 
 import numpy as np
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 from deltasync import deltafile
 from deltasync.publisher import DeltaPublisher, PublisherConfig
@@ -65,11 +66,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--tensors", type=int, default=20)
     p.add_argument("--deltas", type=int, default=5)
+    p.add_argument("--side", type=int, default=4096, help="rows and columns of each tensor")
     p.add_argument("--out", default="bench/results/datapath.json")
-    a = p.parse_args()
+    smoke = dict(tensors=2, deltas=2, side=512, out=smoke_path("datapath.json"))
+    a = parse_with_smoke(p, smoke)
     rng = np.random.default_rng(0)
     weights = {
-        f"layers.{i}.w": rng.integers(0x3C00, 0x3D00, (4096, 4096), dtype=np.uint16)
+        f"layers.{i}.w": rng.integers(0x3C00, 0x3D00, (a.side, a.side), dtype=np.uint16)
         for i in range(a.tensors)
     }
     folder = tempfile.mkdtemp(prefix="deltasync-datapath-") + "/bucket"

@@ -9,12 +9,13 @@ requests, so idle and surplus keep-alive connections come and go) for ``SECONDS`
 httpcore's sync pool can close a connection it has already handed to another thread's queued
 request (encode/httpcore issue 1110; httpcore 1.0.9), which the request reads as ``EBADF``.
 
-Run: ``.venv/bin/python bench/bench_eval_clients.py [SECONDS]`` (results also in
+Run: ``.venv/bin/python bench/bench_eval_clients.py [SECONDS] [--smoke]`` (results also in
 bench/results/eval_clients.json).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import subprocess
@@ -23,7 +24,7 @@ import threading
 import time
 
 import httpx
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -79,7 +80,11 @@ def load(url: str, seconds: float, client_for) -> dict:
 
 
 def main() -> None:
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("seconds", type=float, nargs="?", default=30.0, help="seconds per mode")
+    p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "eval_clients.json"))
+    args = parse_with_smoke(p, dict(seconds=1.0, out=smoke_path("eval_clients.json")))
+    seconds = args.seconds
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)])
     url = f"http://127.0.0.1:{port}/v1/completions"
@@ -104,7 +109,7 @@ def main() -> None:
     for mode in ("shared", "per-thread"):
         r = results[mode]
         print(f"{mode:>10}: {r['requests']} requests, {r['errors']} broken: {r['by_kind']}")
-    save(os.path.join(REPO, "bench", "results", "eval_clients.json"), results)
+    save(args.out, results)
 
 
 if __name__ == "__main__":

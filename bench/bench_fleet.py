@@ -9,11 +9,12 @@ process; this process is the load: ``CLIENTS_PER_REPLICA`` x N closed-loop clien
 Targets (the fleet issue): throughput >= 0.8 x N x single up to N = 8; routing overhead p50 <= 2
 ms (sequential requests to a replica with no delay, through the router minus direct).
 
-Run: ``.venv/bin/python bench/bench_fleet.py`` (results also in bench/results/fleet.json).
+Run: ``.venv/bin/python bench/bench_fleet.py [--smoke]`` (results also in bench/results/fleet.json).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import multiprocessing as mp
@@ -22,7 +23,7 @@ import statistics
 import sys
 import time
 
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -85,14 +86,14 @@ async def _load(url: str, clients: int, seconds: float) -> int:
     return done
 
 
-def throughput(n: int) -> float:
-    """Requests per second through the router with ``n`` replicas."""
+def throughput(n: int, seconds: float = SECONDS) -> float:
+    """Requests per second through the router with ``n`` replicas, measured over ``seconds``."""
     fakes, urls = _start(_serve_fakes, n, PER_TOKEN_S)
     router, url = _start(_serve_router, urls)
     try:
         asyncio.run(_load(url, CLIENTS_PER_REPLICA * n, 1.0))  # warm up connections
-        done = asyncio.run(_load(url, CLIENTS_PER_REPLICA * n, SECONDS))
-        return done / SECONDS
+        done = asyncio.run(_load(url, CLIENTS_PER_REPLICA * n, seconds))
+        return done / seconds
     finally:
         router.terminate()
         fakes.terminate()
@@ -174,14 +175,23 @@ def router_cpu(in_flight: int = 64, seconds: float = 10.0) -> dict:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--seconds", type=float, default=SECONDS, help="measured per replica count")
+    p.add_argument("--requests", type=int, default=300, help="sequential, for the overhead")
+    p.add_argument("--in-flight", type=int, default=64, help="open requests, for the router CPU")
+    p.add_argument("--cpu-seconds", type=float, default=10.0, help="measured, for the router CPU")
+    p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "fleet.json"))
+    smoke = dict(replicas=[1, 2], seconds=1.0, requests=30, in_flight=8, cpu_seconds=1.0)
+    args = parse_with_smoke(p, {**smoke, "out": smoke_path("fleet.json")})
     results = {
         "per_request_s": PER_TOKEN_S * MAX_TOKENS,
         "clients_per_replica": CLIENTS_PER_REPLICA,
     }
     rows = []
     single = None
-    for n in (1, 2, 4, 8, 16):
-        rps = throughput(n)
+    for n in args.replicas:
+        rps = throughput(n, args.seconds)
         single = single or rps
         rows.append(
             {
@@ -192,12 +202,11 @@ def main() -> None:
         )
         print(f"N={n:2d}: {rps:7.1f} req/s = {rps / (n * single):.2f} x N x single", flush=True)
     results["throughput"] = rows
-    results["overhead"] = overhead_ms()
+    results["overhead"] = overhead_ms(args.requests)
     print(json.dumps(results["overhead"]))
-    results["router_cpu"] = router_cpu()
+    results["router_cpu"] = router_cpu(args.in_flight, args.cpu_seconds)
     print(json.dumps(results["router_cpu"]))
-    os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
-    save(os.path.join(REPO, "bench", "results", "fleet.json"), results)
+    save(args.out, results)
 
 
 if __name__ == "__main__":

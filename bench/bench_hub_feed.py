@@ -13,6 +13,7 @@ committed) to the component first holding (replica) or showing (dashboard) that 
 
     .venv/bin/python bench/bench_hub_feed.py                     # T = 10 s and 1 s, 75 s each
     .venv/bin/python bench/bench_hub_feed.py --periods 10 --seconds 40
+    .venv/bin/python bench/bench_hub_feed.py --smoke             # T = 1 s, 3 s each
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from report import parse_with_smoke
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -160,7 +162,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--periods", default="10,1", help="publish periods T (s), comma-separated")
     parser.add_argument("--seconds", type=float, default=75.0, help="seconds per configuration")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, dict(periods="1", seconds=3.0))
     logging.basicConfig(level=logging.WARNING)
     from huggingface_hub import HfApi
 
