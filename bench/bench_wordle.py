@@ -16,7 +16,8 @@ A step's latency is the time from sending the step frame to receiving its observ
 measured in the client (so it includes client-side scheduling on the same 2 cores).
 Prints a table and writes ``bench/results/wordle.json``.
 
-Run: ``.venv/bin/python bench/bench_wordle.py`` (``make bench`` runs it too).
+Run: ``.venv/bin/python bench/bench_wordle.py`` (``make bench`` runs it too; ``--smoke``: 1 and 4
+sessions, 1 s a row, results in ``bench/results/smoke/wordle.json``).
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from report import parse_with_smoke, smoke_path
 from websockets.asyncio.client import ClientConnection, connect
 
-from trainer.local.processes import free_port
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the trainer package (run from anywhere)
+
+from trainer.local.processes import free_port  # noqa: E402
+
 SPACE_DIR = REPO / "spaces" / "wordle-env"
 RESULTS = REPO / "bench" / "results" / "wordle.json"
 GUESSES = ["crane", "slate", "moist", "pouch", "lying", "fjord"]
@@ -208,7 +212,8 @@ def main() -> None:
         help="mean pauses between steps for the paced rows (an LLM turn takes ~0.5-3 s)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    smoke = dict(sessions=[1, 4], seconds=1.0, warmup_s=0.2, think_ms=[50.0])
+    args = parse_with_smoke(parser, {**smoke, "out": Path(smoke_path(RESULTS))})
 
     proc, url = start_server(max_sessions=max(args.sessions))
     try:
