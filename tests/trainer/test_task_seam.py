@@ -127,9 +127,10 @@ def test_a_second_task_trains_through_the_same_trainer_replica_and_bucket(tmp_pa
         model=model,
         run_id="letter",
         runs_root=str(tmp_path),
-        max_steps=3,
+        max_steps=2,
         num_generations=4,
-        per_device_train_batch_size=32,
+        per_device_train_batch_size=16,
+        token_budget=4096,
         eval_episodes=16,
         eval_every=0,
         dashboard=False,
@@ -141,12 +142,12 @@ def test_a_second_task_trains_through_the_same_trainer_replica_and_bucket(tmp_pa
 
     summary = run(cfg, before_stop=before_stop)
     # it trained the planned steps through the bucket, and the replica holds the final weights
-    assert summary["steps"] == 3 and summary["versions_published"] == [0, 1, 2, 3]
+    assert summary["steps"] == 2 and summary["versions_published"] == [0, 1, 2]
     assert summary["replica_bit_exact"] is True
     assert summary["settings"]["run"]["task"] == "letter_task:TASK"
     # the letter server scored every training episode and both evaluations, and rewards varied
     games = summary["train_games"]
-    assert games >= 3 * 4 and served["answers"] >= games + 2 * 16
+    assert games >= 2 * 4 and served["answers"] >= games + 2 * 16
     assert 0 < served["rewarded"] < served["answers"], served
     # the held-out evaluations ran through the replica with the task's own evaluate, paired
     assert summary["eval_before"]["episodes"] == summary["eval_after"]["episodes"] == 16
@@ -155,6 +156,6 @@ def test_a_second_task_trains_through_the_same_trainer_replica_and_bucket(tmp_pa
         json.loads(line)
         for line in (tmp_path / "letter" / "logs" / "steps.jsonl").read_text().splitlines()
     ]
-    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert [s["step"] for s in steps] == [1, 2]
     assert all(0.0 <= s["reward"] <= 1.0 for s in steps)
     assert all(s["rewards/letter_reward"] == s["reward"] for s in steps)  # its one reward
