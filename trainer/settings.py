@@ -193,7 +193,7 @@ class GRPOSettings:
             games; docs/BENCHMARKS.md section 6 (the main job)).
         learning_rate: AdamW learning rate. None (resolved by :class:`TrainConfig`): 2e-4 for the
             ~2.7 M-parameter local model (at 1e-5 its bf16 weights barely move: an update smaller
-            than half a bf16 ulp is lost in the rounding), 1e-6 for hub models (RL-typical; 2e-5
+            than half a bf16 ulp is lost in the rounding), 1e-6 for hub models (RL-typical; 6e-5
             for full weights without CUDA: ``trainer.config.HUB_CPU_FULL_LEARNING_RATE``), 1e-5
             for a LoRA adapter on a hub model (an adapter starts at zero).
         num_generations: completions per GRPO group (they all play the same word).

@@ -297,5 +297,5 @@ def test_the_settings_the_model_chose_are_named_once(env, caplog):
         from_args(["--model", "Qwen/Qwen3-0.6B", "--token-budget", "2048"])
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("settings")]
     assert "Qwen/Qwen3-0.6B without CUDA (HUB_CPU_DEFAULTS)" in line
-    assert "--num-generations 4" in line and "--learning-rate 2e-05" in line
+    assert "--num-generations 4" in line and "--learning-rate 6e-05" in line
     assert "--token-budget" not in line  # given by the user
