@@ -19,7 +19,7 @@ def test_rollout_headers_choose_the_credential_by_host():
 
 def test_a_private_wordle_space_gets_the_token_on_the_websocket(monkeypatch):
     from trainer.task import wordle_task
-    from trainer.task.wordle_task import space_headers
+    from trainer.task.base import space_headers
 
     assert space_headers("https://alice-deltasync-wordle.hf.space", "hf_x") == {
         "Authorization": "Bearer hf_x"
