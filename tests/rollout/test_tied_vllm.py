@@ -1,6 +1,12 @@
 """Tied embeddings on a real vLLM server: after deltas that change ``embed_tokens`` (and so the
-tied lm_head, which the CPU build repacks separately), the replica's outputs equal those of a fresh
+tied lm_head, which the CPU build repacks separately), the replica's outputs match those of a fresh
 server started from the trainer's checkpoint.
+
+Two server processes holding the same bits are not bit-identical in their outputs on the CPU build:
+CI once saw the fresh server's logprobs differ by up to 0.016 (one bf16 step of a logit near 3) and
+a greedy continuation part ways. So the two are compared teacher-forced (the prompts' logprobs and
+the first generated position's top 5) within ``BF16_NOISE``, and that gap must be far smaller than
+the one the delta made: a stale lm_head would leave the replica about as far off as before it.
 
 It starts its own vLLM servers (a tied model, then a fresh one, one after the other), beside the
 session's shared server: about a minute more on the 2-core machine.
@@ -16,6 +22,25 @@ from .conftest import STARTUP_TIMEOUT_S, VLLM_TEST_ARGS, free_port, vllm_test_en
 from .rollout_helpers import PROMPTS, Trainer, generate
 
 pytestmark = pytest.mark.slow
+
+# a few bf16 steps of a logit of magnitude 2-8 (2**-6 .. 2**-5 each)
+BF16_NOISE = 0.1
+
+
+def logprob_gap(a: list, b: list) -> float:
+    """The largest |logprob difference| between two :func:`generate` results over what both saw
+    teacher-forced: every prompt position's logprobs and the first generated position's top 5,
+    per token id both list."""
+    gap = 0.0
+    for (_, _, top_a, prompt_a), (_, _, top_b, prompt_b) in zip(a, b, strict=True):
+        for pos_a, pos_b in zip([*prompt_a, top_a[0]], [*prompt_b, top_b[0]], strict=True):
+            if pos_a is None or pos_b is None:  # the first prompt token has no logprob
+                continue
+            for tok in pos_a.keys() & pos_b.keys():
+                la, lb = pos_a[tok], pos_b[tok]
+                la, lb = (la["logprob"], lb["logprob"]) if isinstance(la, dict) else (la, lb)
+                gap = max(gap, abs(la - lb))
+    return gap
 
 
 @pytest.mark.skipif(
@@ -69,6 +94,9 @@ def test_tied_lm_head_follows_embedding_deltas(tmp_path):
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc, STARTUP_TIMEOUT_S)
-        assert generate(f"http://127.0.0.1:{port}", model, PROMPTS) == out
+        fresh = generate(f"http://127.0.0.1:{port}", model, PROMPTS)
     finally:
         stop_process(proc)
+    moved, left = logprob_gap(before, fresh), logprob_gap(out, fresh)
+    print(f"tied lm_head: gap before the deltas {moved:.4f}, after {left:.4f}")
+    assert left <= BF16_NOISE and left < moved / 4, (moved, left)
