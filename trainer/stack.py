@@ -139,7 +139,7 @@ class RunStack(contextlib.AbstractContextManager):
         elif not fixed_urls:  # a bucket and no VLLM_URL: every replica that follows it
             discover = True
         if cfg.local.dashboard and cfg.run.local:
-            port = cfg.local.dashboard_port
+            port = processes.port_or_free(cfg.local.dashboard_port)
             self.add_child(processes.start_dashboard(self.bucket, port, self.logs_dir))
             log.info("dashboard: http://127.0.0.1:%d", port)
         if publisher_hook is not None:

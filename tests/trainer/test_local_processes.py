@@ -52,6 +52,21 @@ def _in_fresh_python(code: str, **env: str) -> list[str]:
 PROBE = "from trainer.local.processes import cpu_threads; print(*cpu_threads())"
 
 
+def test_a_second_run_on_the_machine_gets_another_dashboard_port(caplog):
+    """Found running two ``make train`` at once: the second stopped on gradio's "Cannot find
+    empty port" because the first run's dashboard held 7861."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free_port()))
+        held.listen()
+        taken = held.getsockname()[1]
+        with caplog.at_level("WARNING", logger="trainer.local.processes"):
+            other = processes.port_or_free(taken)
+        assert other != taken and f"port {taken} is taken" in caplog.text
+        with socket.socket() as s:  # the port it hands out can be bound
+            s.bind(("127.0.0.1", other))
+    assert processes.port_or_free(taken) == taken  # free again: the preferred port
+
+
 def test_by_default_the_trainer_and_the_replica_split_the_cores():
     n = len(os.sched_getaffinity(0))
     assert _in_fresh_python(PROBE) == [str(max(1, n - n // 2)), str(max(1, n // 2))]

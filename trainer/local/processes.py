@@ -106,6 +106,25 @@ def free_port() -> int:
     raise OSError(f"no free TCP port in {candidates.start}-{candidates.stop - 1} on 127.0.0.1")
 
 
+def port_or_free(preferred: int) -> int:
+    """``preferred`` when nothing on 127.0.0.1 holds it now, else :func:`free_port` (logged): a
+    second ``make train`` on the same machine found the first run's dashboard on 7861 and stopped
+    with gradio's "Cannot find empty port".
+
+    Raises:
+        OSError: ``preferred`` is held and no free port was found either.
+    """
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+            return preferred
+        except OSError:
+            pass
+    port = free_port()
+    log.warning("port %d is taken (another run's dashboard?); using %d", preferred, port)
+    return port
+
+
 def _ephemeral_low() -> int:
     """The first port of the kernel's ephemeral range (32768 where the file is missing)."""
     try:
