@@ -11,14 +11,14 @@ maps the seed to the target deterministically, so the whole group plays the same
 
 Reward (:func:`episode_reward`, the only reward TRL sees): 1 for a win, else the best partial
 credit ``(greens + 0.5 yellows) / 5`` of any accepted guess, minus 0.1 per invalid move and minus
-0.5 when the episode stopped before the game was over. The best guess (not the last, which is the
+0.2 when the episode stopped before the game was over. The best guess (not the last, which is the
 environment's own ``game_reward``) is used so that stopping early never pays: another guess can
 only raise the best credit. Text that is not a move earns nothing.
 
-Stopping costs more than any way of playing on (``STOPPED_EARLY_PENALTY``): two invalid moves in a
-row end the game at 0.2. At 0.2 the two cost the same, and SmolLM2-135M-Instruct learned to stop:
-its held-out games stopped early rose from 0.12 to 0.50 in 40 steps (docs/BENCHMARKS.md section
-11, "Toward learning on 2 cores").
+Stopping costs what the two invalid moves in a row that end a game cost (0.2). Raised to 0.5 (more
+than any way of playing on), SmolLM2-135M-Instruct's training games stopped no less and their valid
+share stayed at 0.44 for 25 steps, where at 0.2 it rose to 0.58 by step 16 (docs/BENCHMARKS.md
+section 11, "Toward learning on 2 cores", run L3), so 0.2 stays.
 
 This module is imported in TRL's spawned rollout process, so everything here is module-level and
 the server address comes from the environment (``DELTASYNC_ENV_URL``).
@@ -60,8 +60,7 @@ GAME_OVER = " Game over."
 # 6 guesses + 1 invalid move (a second invalid move in a row ends the game by the rules).
 MAX_TURNS = rules.MAX_GUESSES + 1
 INVALID_PENALTY = 0.1
-# above 2 * INVALID_PENALTY, what ending the game by two invalid moves costs (module docstring)
-STOPPED_EARLY_PENALTY = 0.5
+STOPPED_EARLY_PENALTY = 0.2
 RESET_ATTEMPTS = 3
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
