@@ -51,6 +51,7 @@ from trainer.settings import (
     GRPOSettings,
     LocalSettings,
     NetConfigError,
+    RunConfigError,
     RunSettings,
     Secrets,
 )
@@ -74,6 +75,7 @@ __all__ = [  # the sections and their errors, re-exported for callers of the who
     "GRPOSettings",
     "LocalSettings",
     "NetConfigError",
+    "RunConfigError",
     "RunSettings",
     "Secrets",
     "TrainConfig",
@@ -188,6 +190,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "model": ("run", "model", "MODEL"),
     "task": ("run", "task", "TASK"),
     "hub_warm_start_games": ("run", "hub_warm_start_games", None),
+    "hub_warm_start_turns": ("run", "hub_warm_start_turns", None),
     "runs_root": ("run", "runs_root", None),
     "cache_dir": ("run", "cache_dir", None),
     "output_dir": ("run", "output_dir", None),

@@ -40,6 +40,11 @@ class NetConfigError(ValueError):
     """``NET`` names no link profile; the message lists them."""
 
 
+class RunConfigError(ValueError):
+    """A run setting (``hub_warm_start_games``, ``hub_warm_start_turns``) is out of range; the
+    message says the range."""
+
+
 class AdapterConfigError(ValueError):
     """An adapter setting (``adapter``, ``lora_*``, ``adapter_name``) has a value the run cannot
     use; the message says what was expected, what was found and how to fix it."""
@@ -62,6 +67,10 @@ class RunSettings:
             ``HUB_WARM_START_GAMES`` when the model's chat template has no tools (it has never
             been shown one: SmolLM2-135M-Instruct wrote 0 parsable calls in 512 games), else 0
             (Qwen3 keeps its own tool calling).
+        hub_warm_start_turns: calls kept of each teacher game in that warm start (the game is cut
+            after the tool reply of the last one; ``HubWarmStartConfig.turns``, part of its cache
+            key). 3: the first calls, ~780 tokens a game; 6: whole games (~1,100-1,300 tokens,
+            about twice the SFT time), which also show the model its later turns.
         runs_root: folder of local run folders (``<runs_root>/<run_id>``: model, bucket, logs).
         cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
         output_dir: TRL's output folder (None: ``<run_dir>/trainer``).
@@ -76,6 +85,7 @@ class RunSettings:
     model: str | None = None
     task: str = "wordle"
     hub_warm_start_games: int | None = None
+    hub_warm_start_turns: int = 3
     runs_root: str = "runs"
     cache_dir: str | None = None
     output_dir: str | None = None
@@ -89,6 +99,17 @@ class RunSettings:
             link_for(self.net)
         except LinkProfileError as e:
             raise NetConfigError(str(e)) from None
+        if self.hub_warm_start_turns < 1:
+            raise RunConfigError(
+                f"hub_warm_start_turns: expected a count of calls >= 1, found "
+                f"{self.hub_warm_start_turns}; pass --hub-warm-start-turns 3 (the first calls) "
+                "or 6 (whole games)"
+            )
+        if self.hub_warm_start_games is not None and self.hub_warm_start_games < 0:
+            raise RunConfigError(
+                f"hub_warm_start_games: expected 0 (no warm start) or more games, found "
+                f"{self.hub_warm_start_games}"
+            )
 
     @property
     def local(self) -> bool:

@@ -228,6 +228,22 @@ def test_a_hub_model_is_warm_started_only_when_it_never_saw_a_tool_unless_asked(
     assert asked.hub_warm_start_game_count(template_swapped=False) == 7
 
 
+def test_the_warm_starts_turns_reach_its_settings_and_a_bad_count_stops_the_run(capsys):
+    """--hub-warm-start-turns sets the calls kept of each teacher game (part of the warm start's
+    cache key); a count below 1 stops at the command line with the range."""
+    from trainer.task.hub_warm_start import HubWarmStartConfig
+    from trainer.task.wordle import hub_config
+
+    default = hub_config(TrainConfig.from_flags(model="some/model").run, 96)
+    assert default == HubWarmStartConfig(games=96)  # the measured default, its cache key kept
+    whole = hub_config(from_args(["--model", "m", "--hub-warm-start-turns", "6"]).run, 96)
+    assert (whole.turns, whole.games) == (6, 96)
+    for bad in (["--hub-warm-start-turns", "0"], ["--hub-warm-start-games", "-1"]):
+        with pytest.raises(SystemExit):
+            from_args(["--model", "m", *bad])
+        assert "expected" in capsys.readouterr().err
+
+
 def test_a_simulated_network_and_a_forced_lag_reach_the_local_replica(env, capsys):
     """``NET`` and ``SYNC_EVERY`` (make variables) put the trainer's store behind the link and
     go to every local replica's environment; an unknown profile stops the run at once."""

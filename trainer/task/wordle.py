@@ -88,12 +88,20 @@ def _warm_start(run, model_path: str, games: int) -> tuple[str, float]:
     """A pretrained model's warm start on ``games`` teacher games (``hub_warm_start``), in a
     spawned child: its SFT peaked at ~10 GB of activations (SmolLM2-135M, 4k-token batches) that
     the trainer's process would keep as freed heap beside TRL's model."""
-    from trainer.task.hub_warm_start import HubWarmStartConfig, hub_warm_start, logged
+    from trainer.task.hub_warm_start import hub_warm_start, logged
 
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
-        cfg = HubWarmStartConfig(games=games, seed=run.seed)
-        return pool.apply(logged, (hub_warm_start, run.cache, model_path, cfg))
+        return pool.apply(logged, (hub_warm_start, run.cache, model_path, hub_config(run, games)))
+
+
+def hub_config(run, games: int):
+    """The warm-start settings of a pretrained model from the run's (``games`` teacher games,
+    ``run.hub_warm_start_turns`` calls of each, ``run.seed``); the rest are
+    ``HubWarmStartConfig``'s measured defaults."""
+    from trainer.task.hub_warm_start import HubWarmStartConfig
+
+    return HubWarmStartConfig(games=games, turns=run.hub_warm_start_turns, seed=run.seed)
 
 
 TASK = Task(
