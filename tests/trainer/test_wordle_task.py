@@ -9,7 +9,10 @@ import pytest
 from trainer.task import warm_start, wordle_model
 from trainer.task.wordle_task import (
     GRPO_SHARE,
+    INVALID_PENALTY,
+    MAX_TURNS,
     RESET_TEXT,
+    STOPPED_EARLY_PENALTY,
     EpisodeStats,
     call_message,
     episode_reward,
@@ -236,6 +239,21 @@ def test_reward_never_pays_for_stopping_early_or_bad_moves():
         assert episode_reward(bad) < episode_reward(_play(words[:2]))
     assert episode_reward(_play(["slate", "crane"])) == 1.0
     assert episode_reward(_play([])) < 0  # no move at all is worse than any move
+
+
+def test_a_game_the_call_cap_cut_pays_for_its_invalid_moves_not_for_stopping():
+    """Seven calls with two invalid moves apart (five guesses): TRL refuses the model's next call,
+    the game is not over, and the model did not stop; stopping one call earlier does pay."""
+    words = sorted(wordlists.allowed_guesses() - {"crane"})[:5]
+    moves = [words[0], "zzzzz", words[1], "zzzzz", *words[2:]]
+    assert len(moves) == MAX_TURNS
+    cut = _play(moves)
+    assert not cut.done and (cut.accepted, cut.invalid) == (5, 2)
+    assert episode_reward(cut) == pytest.approx(cut.best_credit - 2 * INVALID_PENALTY)
+    early = _play(moves[:-1])
+    assert episode_reward(early) == pytest.approx(
+        early.best_credit - 2 * INVALID_PENALTY - STOPPED_EARLY_PENALTY
+    )
 
 
 def test_call_message_renders_as_the_rollout_parses_it(tokenizer):
