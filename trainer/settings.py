@@ -69,8 +69,10 @@ class RunSettings:
             (Qwen3 keeps its own tool calling).
         hub_warm_start_turns: calls kept of each teacher game in that warm start (the game is cut
             after the tool reply of the last one; ``HubWarmStartConfig.turns``, part of its cache
-            key). 3: the first calls, ~780 tokens a game; 6: whole games (~1,100-1,300 tokens,
-            about twice the SFT time), which also show the model its later turns.
+            key). 3: the first calls, ~780 tokens a game; 6: whole games (~1,000 tokens; 128 games
+            took 1,998 s of SFT beside a CI run against 376 s for 96 x 3, and did not raise
+            SmolLM2's valid share over whole games: 0.47 against 0.44; docs/BENCHMARKS.md
+            section 11, runs L5 and L6).
         runs_root: folder of local run folders (``<runs_root>/<run_id>``: model, bucket, logs).
         cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
         output_dir: TRL's output folder (None: ``<run_dir>/trainer``).
