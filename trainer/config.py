@@ -129,7 +129,13 @@ class TrainConfig:
             self.grpo.learning_rate = 2e-4 if tiny else (1e-6 if full else 1e-5)
         if self.grpo.tie_answer_rows is None:
             self.grpo.tie_answer_rows = tiny and full
-        self.eval.check_seeds(self.task().eval_seed_count)
+        task = self.task()
+        self.eval.check_seeds(task.eval_seed_count)
+        if self.grpo.turn_credit and task.turn_rewards is None:
+            raise GRPOConfigError(
+                f"--turn-credit {self.grpo.turn_credit}: expected a task with per-turn rewards "
+                f"(Task.turn_rewards), found none in task {task.name!r}; use --turn-credit 0"
+            )
         self.warm_start = dataclasses.replace(self.warm_start, seed=self.run.seed)  # one seed
         rebuilds = self.grpo.off_policy != "off" or self.grpo.off_policy_stats
         if rebuilds and not full:
@@ -224,6 +230,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
             "off_policy",
             "tis_cap",
             "off_policy_stats",
+            "turn_credit",
         )
     },
     "anchor_every": ("publish", "anchor_every", None),

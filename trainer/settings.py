@@ -261,6 +261,13 @@ class GRPOSettings:
         off_policy_stats: with ``off_policy="off"``, still rebuild each sample's generating
             policy and log the ``offpolicy/*`` statistics (drift and mismatch by version lag)
             without changing the loss: the recomputation's cost, for comparing modes.
+        turn_credit: weight of each move's own reward in the advantage of that move's tokens
+            (``trainer.loop.advantages.TurnCredit``; the task's ``turn_rewards``): a token's
+            advantage is its episode's plus ``turn_credit * (move reward - the episode's mean
+            move reward)``. 0 (the default): every token of an episode shares its advantage, as in
+            GRPO. Turn-level credit assignment after MT-GRPO (Zeng et al. 2025, "Reinforcing
+            Multi-Turn Reasoning in LLM Agents via Turn-Level Credit Assignment",
+            arXiv:2505.11821), centred within the episode rather than across the group.
     """
 
     max_steps: int = 55
@@ -281,8 +288,14 @@ class GRPOSettings:
     off_policy: str = "off"
     tis_cap: float = 2.0
     off_policy_stats: bool = False
+    turn_credit: float = 0.0
 
     def __post_init__(self) -> None:
+        if not self.turn_credit >= 0:
+            raise GRPOConfigError(
+                f"turn_credit={self.turn_credit}: expected a weight of 0 (off) or more; set "
+                "--turn-credit to e.g. 1"
+            )
         if self.off_policy not in OFF_POLICY_MODES or not self.tis_cap > 1:
             raise GRPOConfigError(
                 f"off_policy={self.off_policy!r}, tis_cap={self.tis_cap}: expected one of "

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from trainer.loop import ranks, trl_compat
-from trainer.loop.advantages import CentredAdvantages
+from trainer.loop.advantages import CentredAdvantages, TurnCredit
 from trainer.loop.bucket_transfer import BucketWeightTransfer
 from trainer.loop.rollout_tagging import ReplicaVersionTagger
 from trainer.loop.rollouts import Rollouts, wait_for_version
@@ -92,6 +92,11 @@ def build_trainer(
         trainer.rollout_queue = CentredAdvantages(trainer.rollout_queue)
     if grpo.off_policy != "off" or grpo.off_policy_stats:
         _attach_correction(trainer, grpo, model_path, rollouts)  # after centring: it scales them
+    if grpo.turn_credit and trainer.rollout_queue is not None:  # last: the others take floats
+        trl_compat.per_token_advantages()
+        trainer.rollout_queue = TurnCredit(
+            trainer.rollout_queue, task.turn_rewards, grpo.turn_credit, trainer._metrics["train"]
+        )
     return GRPOParts(trainer, transfer, tagger)
 
 

@@ -35,6 +35,11 @@ merge then unmerge in float arithmetic leaves the base weights changed by roundi
 2.67 M fp32 elements of the local model after one round trip), and :func:`set_request_model`
 makes the rollout worker request the stable adapter name instead of the base model's path.
 
+One more serves turn-level credit (``--turn-credit``, ``trainer.loop.advantages.TurnCredit``):
+TRL's packer (``packing.TreeRow.pack``) gives every trained token of a sample the sample's one
+``advantage``; :func:`per_token_advantages` lets a sample carry a ``(T,)`` array instead, read at
+each trained token's position.
+
 ``apply()`` checks the TRL version and that each patched attribute exists, and raises
 ``TRLCompatError`` if TRL changed under us: revisit these patches when upgrading TRL.
 """
@@ -165,6 +170,63 @@ def apply() -> list[str]:
     ]
     log.info("TRL %s CPU workarounds: %s", TRL_VERSION, "; ".join(patched))
     return patched
+
+
+def per_token_advantages() -> bool:
+    """Let a rollout sample's ``advantage`` be a ``(T,)`` array over its tokens (float32): TRL's
+    ``TreeRow.pack`` takes the advantage of trained token ``p`` from ``advantage[p]`` instead of
+    one float per sample. A sample with a float is packed as before. Idempotent; returns True
+    when it installed the wrapper now.
+
+    The wrapper packs with zeros in place of the arrays, then lays the advantages out in the
+    order ``pack`` emits its loss terms (sample by sample, positions ``1..T-1`` whose
+    ``completion_mask`` is set) and checks their count against ``token_index``.
+
+    Raises:
+        TRLCompatError: TRL is not 1.16.0, or ``TreeRow.pack`` is gone.
+    """
+    import numpy as np
+    import trl
+    from trl.experimental.async_grpo import packing
+
+    if trl.__version__ != TRL_VERSION or not hasattr(packing.TreeRow, "pack"):
+        raise TRLCompatError(
+            f"per-token advantages were written for trl=={TRL_VERSION}'s TreeRow.pack, found trl "
+            f"{trl.__version__}; re-check trl_compat.per_token_advantages"
+        )
+    original = packing.TreeRow.pack
+    if getattr(original, "_deltasync_per_token", False):
+        return False
+
+    def pack(self):
+        advantages = [s["advantage"] for s in self.samples]
+        if all(isinstance(a, (int, float)) for a in advantages):
+            return original(self)
+        for s in self.samples:
+            s["advantage"] = 0.0
+        try:
+            out = original(self)
+        finally:
+            for s, a in zip(self.samples, advantages, strict=True):
+                s["advantage"] = a
+        per_token = []
+        for s, a in zip(self.samples, advantages, strict=True):
+            trained = np.asarray(s["completion_mask"])[1:].astype(bool)
+            full = np.broadcast_to(np.asarray(a, dtype=np.float32), (len(trained) + 1,))
+            per_token.append(full[1:][trained])
+        flat = np.concatenate(per_token) if per_token else np.zeros(0, dtype=np.float32)
+        if flat.shape[0] != out["token_index"].shape[0]:
+            raise TRLCompatError(
+                f"per-token advantages: {flat.shape[0]} trained tokens in the samples, "
+                f"{out['token_index'].shape[0]} loss terms packed: TRL's packer changed"
+            )
+        out["advantages"] = torch.from_numpy(flat.astype(np.float32))
+        return out
+
+    pack._deltasync_per_token = True
+    packing.TreeRow.pack = pack
+    log.info("TRL %s: per-token advantages in TreeRow.pack (turn credit)", TRL_VERSION)
+    return True
 
 
 def bound_score_queue(trainer, groups: int) -> bool:

@@ -87,6 +87,10 @@ class Task:
             longest episode does not fit the replica's context; None: not checked.
         episode_counts: ``f(completion) -> {name: count}``: counts of one training episode (its
             messages after the prompt), summed over each step's games.
+        turn_rewards: ``f(completion) -> [float | None]``: each assistant turn's own reward in
+            one training episode (its messages after the prompt), in order, None where a turn
+            has none (``--turn-credit``, ``trainer.loop.advantages.TurnCredit``); None: the
+            task has no per-turn rewards.
         step_figures: ``f(counts, games) -> dict``: the step's figures from the summed counts
             (``deltasync.status.StepMetrics`` field names, e.g. ``valid_rate``).
         attach: ``f(trainer, run, grpo)``: task-specific steps on TRL's trainer (e.g. the local
@@ -110,6 +114,7 @@ class Task:
     check_context: Callable[[str, str, int], int] | None = None
     episode_counts: Callable[[list], dict[str, int]] | None = None
     step_figures: Callable[[dict[str, int], int], dict] | None = None
+    turn_rewards: Callable[[list], list[float | None]] | None = None
     attach: Callable[[Any, Any, Any], None] | None = None
     warm_start: Callable[[Any, str, int], tuple[str, float]] | None = None
     local_model: Callable[[Any, Any], tuple[str, float]] | None = None

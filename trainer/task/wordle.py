@@ -13,6 +13,7 @@ import os
 
 from trainer.task import board, wordle_task
 from trainer.task.base import EnvServer, EvalRequest, Task
+from wordle_env import rules
 
 # spaces/wordle-env, run as `python -m wordle_env.server.app` (the trainer never imports the Space)
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,6 +50,35 @@ def episode_counts(completion: list) -> dict[str, int]:
     counts = {"consistent": consistent, "checked": checked, "accepted": accepted}
     counts.update({f"invalid:{code}": n for code, n in invalid.items()})
     return counts
+
+
+def turn_rewards(completion: list) -> list[float | None]:
+    """Each assistant turn's own reward in one training episode, read from the game's reply that
+    follows it: an accepted guess earns its partial credit ``(greens + 0.5 yellows) / 5`` (1 for
+    the word), an invalid move ``-INVALID_PENALTY`` (``wordle_task``, the episode reward's
+    units); a turn the game did not answer (no call, a call the tool could not run, the call the
+    call cap refused) has None.
+
+    Args:
+        completion: the episode's messages after the prompt (TRL's ``RolloutSample.completion``).
+
+    Returns:
+        one entry per assistant message, in order.
+    """
+    out: list[float | None] = []
+    for i, message in enumerate(completion):
+        if message.get("role") != "assistant":
+            continue
+        reply = completion[i + 1] if i + 1 < len(completion) else {}
+        reward = None
+        if reply.get("role") == "tool":
+            guesses, marks = board.accepted_moves([reply])
+            if marks:
+                reward = rules.partial_credit(marks[0])
+            elif board.move_tally([reply])[1]:
+                reward = -wordle_task.INVALID_PENALTY
+        out.append(reward)
+    return out
 
 
 def step_figures(counts: dict[str, int], games: int) -> dict:
@@ -117,6 +147,7 @@ TASK = Task(
     check_context=_check_context,
     episode_counts=episode_counts,
     step_figures=step_figures,
+    turn_rewards=turn_rewards,
     attach=_attach,
     warm_start=_warm_start,
     local_model=_local_model,
