@@ -88,7 +88,9 @@ __all__ = [  # the sections and their errors, re-exported for callers of the who
 # every one of these flags not given on the command line or in the environment (``from_args``):
 # groups of 4 and 6,144 tokens a step (a 135 M-parameter model trains ~100-200 tokens a second
 # there, an episode is ~900 tokens), bf16 autocast over fp32 master weights (~92 -> ~57-66 s a
-# step), 40 steps, 128 held-out games before and after (the paired SE ~0.013) and 32 every 10 steps.
+# step), 40 steps, 128 held-out games before and after (the paired SE ~0.013) and 32 every 10 steps,
+# and turn-level credit (run L7: held-out valid guesses 0.47 -> 0.73 in 40 steps, where without it
+# they reached 0.54; the game's own reward did not move in either).
 log = logging.getLogger("trainer")
 
 HUB_CPU_DEFAULTS = {
@@ -100,6 +102,7 @@ HUB_CPU_DEFAULTS = {
     "eval_episodes": 128,
     "eval_every": 10,
     "eval_curve_episodes": 32,
+    "turn_credit": 1.0,
 }
 # ... and full weights at 6e-5 there: in 40 steps the held-out valid guesses rose 0.45 -> 0.59 and
 # wrong-length moves halved (at 2e-5 nothing moved in 39 steps; at 1e-6, the GPU-scale default,

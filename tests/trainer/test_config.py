@@ -210,6 +210,7 @@ def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given
     assert with_bucket["token_budget"] == HUB_CPU_DEFAULTS["token_budget"]
     # the learning run: bf16 autocast, full weights at the measured rate, an adapter its own
     assert sized.grpo.autocast and sized.grpo.learning_rate == HUB_CPU_FULL_LEARNING_RATE
+    assert sized.grpo.turn_credit == 1.0 and TrainConfig().grpo.turn_credit == 0.0
     lora = TrainConfig.from_flags(**hub_cpu_defaults({**given, "adapter": "lora"}, cuda=False))
     assert (
         lora.grpo.learning_rate
