@@ -13,22 +13,13 @@ from trainer.task import wordle_model
 from trainer.task.spelling_tie import SpellingTiedRows, SpellingTieError, spelling_features
 from wordle_env import wordlists
 
+from .queue_fake import SampleQueue
+
 
 class _Sample:
     def __init__(self, advantage, reward, reward_std):
         self.advantage = advantage
         self.metrics = {"reward": reward, "reward_std": reward_std}
-
-
-class _Queue:
-    def __init__(self, samples):
-        self.samples = list(samples)
-
-    def get(self, timeout=None):
-        return self.samples.pop(0)
-
-    def qsize(self):
-        return len(self.samples)
 
 
 def _trl_group(rewards):
@@ -40,7 +31,7 @@ def _trl_group(rewards):
 
 @pytest.mark.parametrize("rewards", [[0.6, 0.62, 0.58, 0.6], [1.0, 0.6, 0.6, 0.6], [0.5] * 4])
 def test_centred_advantages_are_reward_minus_group_mean(rewards):
-    q = CentredAdvantages(_Queue(_trl_group(rewards)))
+    q = CentredAdvantages(SampleQueue(_trl_group(rewards)))
     assert q.qsize() == len(rewards)  # the rest of TRL's queue API passes through
     got = [q.get().advantage for _ in rewards]
     want = [r - sum(rewards) / len(rewards) for r in rewards]
@@ -52,14 +43,14 @@ def test_near_tie_group_weighs_less_than_a_win_once_centred():
     group where one game won; centred, the win's group dominates."""
     tie, win = _trl_group([0.62, 0.58, 0.6, 0.6]), _trl_group([1.0, 0.6, 0.6, 0.6])
     assert max(abs(s.advantage) for s in tie) > 1.0  # TRL's: noise scaled up to unit std
-    tie_c = [CentredAdvantages(_Queue([s])).get().advantage for s in tie]
-    win_c = [CentredAdvantages(_Queue([s])).get().advantage for s in win]
+    tie_c = [CentredAdvantages(SampleQueue([s])).get().advantage for s in tie]
+    win_c = [CentredAdvantages(SampleQueue([s])).get().advantage for s in win]
     assert max(map(abs, win_c)) > 10 * max(map(abs, tie_c))
 
 
 def test_unscored_group_keeps_advantage_zero():
     s = _Sample(0.0, float("nan"), float("nan"))
-    assert CentredAdvantages(_Queue([s])).get().advantage == 0.0
+    assert CentredAdvantages(SampleQueue([s])).get().advantage == 0.0
 
 
 def test_scale_rewards_setting_is_checked():

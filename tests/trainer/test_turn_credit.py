@@ -18,6 +18,8 @@ from trainer.task.base import Task
 from wordle_env import rules
 from wordle_env.game import WordleGame
 
+from .queue_fake import SampleQueue
+
 TARGET = "crane"
 
 
@@ -49,17 +51,6 @@ class _Sample:
         self.input_ids = np.arange(100, 100 + len(mask)) + 1000 * group_id
         self.old_log_probs = np.full(len(mask), -1.0, dtype=np.float32)
         self.metrics = {}
-
-
-class _Queue:
-    def __init__(self, samples):
-        self.samples = list(samples)
-
-    def get(self, timeout=None):
-        return self.samples.pop(0)
-
-    def qsize(self):
-        return len(self.samples)
 
 
 def _pack(samples):
@@ -96,7 +87,7 @@ def test_the_game_replies_give_each_move_its_own_reward():
 def test_a_wrong_move_inside_a_good_game_is_pushed_down_and_the_game_keeps_its_push():
     completion, verdicts = _episode(["slate", "crate", "cranes", "brine"])
     sample = _Sample(completion, 0.3, turns=4)
-    q = TurnCredit(_Queue([sample]), wordle.turn_rewards, weight=1.0, metrics=None)
+    q = TurnCredit(SampleQueue([sample]), wordle.turn_rewards, weight=1.0, metrics=None)
     assert q.qsize() == 1  # the rest of TRL's queue API passes through
     out = _pack([q.get()])
 
@@ -119,8 +110,12 @@ def test_samples_without_turn_terms_pack_exactly_as_trl_packs_them():
     two, (slate, crate) = _episode(["slate", "crate"])
     plain = [_Sample(one_move, -0.2, turns=1), _Sample(two, 0.25, turns=2, group_id=1)]
     reference = _pack(plain)  # floats: TRL's own path
-    metrics = {"turn_credit/spread": [], "turn_credit/unmatched": [], "turn_credit/term_abs_mean": []}
-    q = TurnCredit(_Queue(plain), wordle.turn_rewards, weight=1.0, metrics=metrics)
+    metrics = {
+        "turn_credit/spread": [],
+        "turn_credit/unmatched": [],
+        "turn_credit/term_abs_mean": [],
+    }
+    q = TurnCredit(SampleQueue(plain), wordle.turn_rewards, weight=1.0, metrics=metrics)
     mixed = [q.get(), q.get()]
     assert isinstance(mixed[0].advantage, float)  # a one-move game has nothing to spread
     assert isinstance(mixed[1].advantage, np.ndarray)
@@ -140,7 +135,7 @@ def test_samples_without_turn_terms_pack_exactly_as_trl_packs_them():
 def test_an_episode_whose_turns_do_not_match_its_trained_runs_keeps_its_advantage():
     completion, _ = _episode(["slate", "crate", "brine"])
     sample = _Sample(completion, 0.1, turns=2)  # 3 calls, 2 trained runs
-    q = TurnCredit(_Queue([sample]), wordle.turn_rewards, weight=1.0)
+    q = TurnCredit(SampleQueue([sample]), wordle.turn_rewards, weight=1.0)
     assert q.get().advantage == 0.1 and q.unmatched == 1
 
 

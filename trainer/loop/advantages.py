@@ -123,7 +123,9 @@ class TurnCredit:
             if r is not None:
                 adv[start:end] += self.weight * (r - mean)
         sample.advantage = adv
-        self._record(True, False, self.weight * math.fsum(abs(r - mean) for r in known) / len(known))
+        self._record(
+            True, False, self.weight * math.fsum(abs(r - mean) for r in known) / len(known)
+        )
         return sample
 
     def __getattr__(self, name):  # put_nowait, qsize, ... unchanged
