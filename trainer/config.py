@@ -270,7 +270,8 @@ def _default(flag: str):
 def hub_cpu_defaults(kw: dict, cuda: bool | None = None) -> dict:
     """``kw`` (the flags given) with ``HUB_CPU_DEFAULTS`` (and, for full weights,
     ``HUB_CPU_FULL_LEARNING_RATE``) for those not given, when the run trains a hub model (not
-    ``tiny``) without CUDA (``cuda``: None asks torch); else ``kw``."""
+    ``tiny``) without CUDA (``cuda``: None asks torch); else ``kw``. ``turn_credit`` only for a
+    task with per-turn rewards (``Task.turn_rewards``)."""
     probe = RunSettings(bucket=kw.get("bucket"), model=kw.get("model"))
     if probe.tiny:
         return kw
@@ -281,7 +282,21 @@ def hub_cpu_defaults(kw: dict, cuda: bool | None = None) -> dict:
     if cuda:
         return kw
     full = {"learning_rate": HUB_CPU_FULL_LEARNING_RATE} if kw.get("adapter") is None else {}
-    return {**HUB_CPU_DEFAULTS, **full, **kw}
+    defaults = dict(HUB_CPU_DEFAULTS)
+    if not _has_turn_rewards(kw.get("task") or RunSettings.task):
+        del defaults["turn_credit"]  # a task without per-turn rewards trains as GRPO does
+    return {**defaults, **full, **kw}
+
+
+def _has_turn_rewards(task: str) -> bool:
+    """Whether task ``task`` gives per-turn rewards; a task that cannot be loaded is reported by
+    :class:`TrainConfig` when the run builds its config, so here it has none."""
+    from trainer.task.base import TaskError
+
+    try:
+        return load_task(task).turn_rewards is not None
+    except TaskError:
+        return False
 
 
 def _parse_bool(s: str) -> bool:

@@ -5,6 +5,7 @@ model without CUDA gets settings sized for 2 cores, and a warm start only if it 
 
 from __future__ import annotations
 
+import os
 import typing
 from dataclasses import fields
 
@@ -195,7 +196,7 @@ def test_an_evaluation_larger_than_the_held_out_set_is_refused():
             TrainConfig.from_flags(**{field: EVAL_SEED_COUNT + 1})
 
 
-def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given():
+def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given(monkeypatch):
     from trainer.config import HUB_CPU_DEFAULTS, HUB_CPU_FULL_LEARNING_RATE, hub_cpu_defaults
 
     assert hub_cpu_defaults({}, cuda=False) == {}  # the local model keeps its own
@@ -211,6 +212,11 @@ def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given
     # the learning run: bf16 autocast, full weights at the measured rate, an adapter its own
     assert sized.grpo.autocast and sized.grpo.learning_rate == HUB_CPU_FULL_LEARNING_RATE
     assert sized.grpo.turn_credit == 1.0 and TrainConfig().grpo.turn_credit == 0.0
+    # a task of your own without per-turn rewards trains as GRPO does, and is not refused for it
+    monkeypatch.syspath_prepend(os.path.dirname(__file__))  # letter_task.py, beside this file
+    single_turn = hub_cpu_defaults({**given, "task": "letter_task:TASK"}, cuda=False)
+    assert "turn_credit" not in single_turn
+    assert TrainConfig.from_flags(**single_turn).task().name == "letter"
     lora = TrainConfig.from_flags(**hub_cpu_defaults({**given, "adapter": "lora"}, cuda=False))
     assert (
         lora.grpo.learning_rate
