@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 SCALES = ("group", "none")  # TRL GRPOConfig.scale_rewards values this run supports
 _EPS = 1e-8  # the epsilon TRL adds to the group's std (async_rollout_worker.py)
 
@@ -105,8 +107,6 @@ class TurnCredit:
                 self.metrics["turn_credit/term_abs_mean"].append(term_abs)
 
     def get(self, *args, **kwargs):
-        import numpy as np
-
         sample = self._inner.get(*args, **kwargs)
         rewards = self._turn_rewards(list(sample.completion))
         spans = turn_spans(sample.completion_mask)

@@ -72,7 +72,7 @@ def turn_rewards(completion: list) -> list[float | None]:
         reply = completion[i + 1] if i + 1 < len(completion) else {}
         reward = None
         if reply.get("role") == "tool":
-            guesses, marks = board.accepted_moves([reply])
+            _, marks = board.accepted_moves([reply])
             if marks:
                 reward = rules.partial_credit(marks[0])
             elif board.move_tally([reply])[1]:
