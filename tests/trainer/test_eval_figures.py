@@ -8,7 +8,8 @@ import statistics
 
 import pytest
 
-from trainer.task.evaluate import EpisodeResult, guess_value, summarize
+from trainer.task.credit import guess_value
+from trainer.task.evaluate import EpisodeResult, summarize
 from trainer.task.wordle_task import EpisodeStats
 from wordle_env import rules, wordlists
 

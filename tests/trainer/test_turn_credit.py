@@ -13,9 +13,8 @@ import pytest
 from trainer.config import GRPOConfigError, TrainConfig
 from trainer.loop import trl_compat
 from trainer.loop.advantages import TurnCredit, turn_spans
-from trainer.task import wordle, wordle_task
+from trainer.task import credit, wordle, wordle_task
 from trainer.task.base import Task
-from wordle_env import rules
 from wordle_env.game import WordleGame
 
 from .queue_fake import SampleQueue
@@ -25,15 +24,17 @@ TARGET = "crane"
 
 def _episode(moves):
     """The completion of a game on TARGET (assistant call, tool reply per move) and, per move,
-    the game's own verdict: its partial credit, or None for an invalid move."""
-    game, completion, verdicts = WordleGame(TARGET), [], []
+    what the game's own rows make it worth: its expected credit given the board before it
+    (``credit.expected_credits``), or None for an invalid move."""
+    game, completion, accepted = WordleGame(TARGET), [], []
     for word in moves:
         result = game.play(f"[{word}]")
         completion.append(wordle_task.call_message(word))
         reply = wordle_task.tool_reply(result.reply, game.done, game.guesses, game.marks)
         completion.append({"role": "tool", "name": "guess", "content": reply})
-        verdicts.append(None if result.invalid else rules.partial_credit(result.marks))
-    return completion, verdicts
+        accepted.append(not result.invalid)
+    worth = iter(credit.expected_credits(game.guesses, game.marks))
+    return completion, [next(worth) if ok else None for ok in accepted]
 
 
 class _Sample:
@@ -73,9 +74,9 @@ def _pack(samples):
 
 
 def test_the_game_replies_give_each_move_its_own_reward():
-    completion, verdicts = _episode(["slate", "crate", "cranes", "brine"])
+    completion, worth = _episode(["slate", "crate", "cranes", "brine"])
     got = wordle.turn_rewards(completion)
-    want = [-wordle_task.INVALID_PENALTY if v is None else v for v in verdicts]
+    want = [-wordle_task.INVALID_PENALTY if v is None else v for v in worth]
     assert got == pytest.approx(want)
     assert got[2] == -wordle_task.INVALID_PENALTY  # 'cranes': the wrong length
     # a call the game never answered (the call cap refused it) and a closing text have none
@@ -85,7 +86,7 @@ def test_the_game_replies_give_each_move_its_own_reward():
 
 
 def test_a_wrong_move_inside_a_good_game_is_pushed_down_and_the_game_keeps_its_push():
-    completion, verdicts = _episode(["slate", "crate", "cranes", "brine"])
+    completion, worth = _episode(["slate", "crate", "cranes", "brine"])
     sample = _Sample(completion, 0.3, turns=4)
     q = TurnCredit(SampleQueue([sample]), wordle.turn_rewards, weight=1.0, metrics=None)
     assert q.qsize() == 1  # the rest of TRL's queue API passes through
@@ -95,11 +96,11 @@ def test_a_wrong_move_inside_a_good_game_is_pushed_down_and_the_game_keeps_its_p
     per_turn = adv.reshape(4, 3)  # the trained tokens, call by call
     assert (per_turn == per_turn[:, :1]).all()  # one value a call
     wrong = per_turn[2, 0]
-    assert wrong < 0 < 0.3 < per_turn[1, 0]  # 'cranes' pushed down, 'crate' (4 greens) up
+    assert wrong < 0 < 0.3 < per_turn[1, 0]  # 'cranes' pushed down, 'crate' (it fits) up
     assert wrong == min(per_turn[:, 0])
     # the terms spread the game's advantage over its moves without changing its sum
     assert math.isclose(float(per_turn[:, 0].mean()), 0.3, abs_tol=1e-6)
-    rewards = [-wordle_task.INVALID_PENALTY if v is None else v for v in verdicts]
+    rewards = [-wordle_task.INVALID_PENALTY if v is None else v for v in worth]
     want = [0.3 + r - sum(rewards) / 4 for r in rewards]
     assert per_turn[:, 0] == pytest.approx(want, abs=1e-6)
     assert q.spread == 1 and q.unmatched == 0
@@ -125,8 +126,8 @@ def test_samples_without_turn_terms_pack_exactly_as_trl_packs_them():
             assert np.array_equal(reference[key].numpy(), out[key].numpy()), key
     adv = out["advantages"].numpy()
     assert adv[:3] == pytest.approx([-0.2] * 3)  # the first sample's tokens
-    assert adv[3:6] == pytest.approx([0.25 + (slate - crate) / 2] * 3)  # slate: 2 greens
-    assert adv[6:9] == pytest.approx([0.25 + (crate - slate) / 2] * 3)  # crate: 4 greens
+    assert adv[3:6] == pytest.approx([0.25 + (slate - crate) / 2] * 3)  # slate, opened cold
+    assert adv[6:9] == pytest.approx([0.25 + (crate - slate) / 2] * 3)  # crate, after a and e green
     assert metrics["turn_credit/spread"] == [0.0, 1.0]
     assert metrics["turn_credit/unmatched"] == [0.0, 0.0]
     assert metrics["turn_credit/term_abs_mean"] == pytest.approx([(crate - slate) / 2])

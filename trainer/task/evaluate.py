@@ -12,7 +12,6 @@ its newest bucket version through replicas it starts.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import statistics
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 import httpx
 
 from trainer.task.chat_format import render_turns, rollout_template
+from trainer.task.credit import guess_value
 from trainer.task.wordle_task import (
     MAX_TURNS,
     EpisodeStats,
@@ -34,7 +34,6 @@ from trainer.task.wordle_task import (
     prompt_messages,
     tool_reply,
 )
-from wordle_env import rules, wordlists
 
 log = logging.getLogger("trainer.task.evaluate")
 
@@ -231,46 +230,6 @@ def play_episode(
                 )
                 break
     return EpisodeResult(seed, turns, wellformed, stats, env_reward, end)
-
-
-@functools.cache
-def _answer_codes():
-    """The answer list as a (N, 5) uint8 array of ASCII codes (N = 3,568)."""
-    import numpy as np
-
-    return np.frombuffer("".join(wordlists.answers()).encode(), dtype=np.uint8).reshape(
-        -1, rules.WORD_LENGTH
-    )
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def guess_value(word: str) -> float:
-    """The mean partial credit ``(greens + 0.5 yellows) / 5`` that ``word`` earns as a guess
-    against every answer (``wordle_env.wordlists.answers()``), in [0, 1]: how good a word is
-    apart from the luck of the target (e.g. ``crane`` 0.202). Computed as ``wordle_env.rules``
-    scores (greens first; each letter's yellows are the fewer of its non-green copies in the guess
-    and in the answer), for all answers at once.
-
-    Args:
-        word: an accepted guess: 5 lowercase ASCII letters.
-
-    Raises:
-        ValueError: ``word`` is not 5 lowercase ASCII letters.
-    """
-    import numpy as np
-
-    if len(word) != rules.WORD_LENGTH or not rules.is_lower_ascii_word(word):
-        raise ValueError(f"expected a 5-letter lowercase a-z word, found {word!r}")
-    answers = _answer_codes()
-    guess = np.frombuffer(word.encode(), dtype=np.uint8)
-    green = answers == guess  # (N, 5)
-    yellows = np.zeros(len(answers))
-    for letter in set(guess.tolist()):
-        in_guess = ((guess == letter) & ~green).sum(axis=1)
-        in_answer = ((answers == letter) & ~green).sum(axis=1)
-        yellows += np.minimum(in_guess, in_answer)
-    credit = (green.sum(axis=1) + rules.YELLOW_CREDIT * yellows) / rules.WORD_LENGTH
-    return float(credit.mean())
 
 
 def summarize(results: list[EpisodeResult]) -> dict:

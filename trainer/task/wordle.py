@@ -11,9 +11,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-from trainer.task import board, wordle_task
+from trainer.task import board, credit, wordle_task
 from trainer.task.base import EnvServer, EvalRequest, Task
-from wordle_env import rules
 
 # spaces/wordle-env, run as `python -m wordle_env.server.app` (the trainer never imports the Space)
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,10 +53,14 @@ def episode_counts(completion: list) -> dict[str, int]:
 
 def turn_rewards(completion: list) -> list[float | None]:
     """Each assistant turn's own reward in one training episode, read from the game's reply that
-    follows it: an accepted guess earns its partial credit ``(greens + 0.5 yellows) / 5`` (1 for
-    the word), an invalid move ``-INVALID_PENALTY`` (``wordle_task``, the episode reward's
-    units); a turn the game did not answer (no call, a call the tool could not run, the call the
-    call cap refused) has None.
+    follows it: an accepted guess earns its expected partial credit given the feedback before it
+    (``credit.expected_credits``: its mean ``(greens + 0.5 yellows) / 5`` over the answers still
+    possible, so a guess that uses the board is worth more whatever the secret), an invalid move
+    ``-INVALID_PENALTY`` (``wordle_task``, the episode reward's units); a turn the game did not
+    answer (no call, a call the tool could not run, the call the call cap refused) has None.
+
+    The credit a guess then earned (run L7, docs/BENCHMARKS.md section 11) carries the luck of
+    the secret: it taught words of the right length and not reading the board.
 
     Args:
         completion: the episode's messages after the prompt (TRL's ``RolloutSample.completion``).
@@ -66,18 +69,23 @@ def turn_rewards(completion: list) -> list[float | None]:
         one entry per assistant message, in order.
     """
     out: list[float | None] = []
+    guesses, marks, accepted_at = [], [], []
     for i, message in enumerate(completion):
         if message.get("role") != "assistant":
             continue
         reply = completion[i + 1] if i + 1 < len(completion) else {}
         reward = None
         if reply.get("role") == "tool":
-            _, marks = board.accepted_moves([reply])
-            if marks:
-                reward = rules.partial_credit(marks[0])
+            words, rows = board.accepted_moves([reply])
+            if rows:
+                guesses += words
+                marks += rows
+                accepted_at.append(len(out))
             elif board.move_tally([reply])[1]:
                 reward = -wordle_task.INVALID_PENALTY
         out.append(reward)
+    for turn, value in zip(accepted_at, credit.expected_credits(guesses, marks), strict=True):
+        out[turn] = value
     return out
 
 
