@@ -27,8 +27,9 @@ HUB_WARM_START_GAMES = 96
 
 
 class EvalConfigError(ValueError):
-    """An evaluation setting (``eval_episodes``, ``eval_curve_episodes``) asks for more games than
-    there are held-out seeds; the message says the limit and how to fix it."""
+    """An evaluation setting asks for more games than there are held-out seeds
+    (``eval_episodes``, ``eval_curve_episodes``) or for no draw (``eval_draws``); the message
+    says the limit and how to fix it."""
 
 
 class GRPOConfigError(ValueError):
@@ -320,16 +321,32 @@ class EvalSettings:
         curve_episodes: held-out games of each learning-curve evaluation (the first ones).
         temperature: sampling temperature, the policy's own (1.0). Greedy (0) is misleading for a
             small model: the single likeliest token can be a non-word.
+        draws: how many times the before and after evaluations play each of their games, each
+            draw with its own sampling seeds (``EvalRequest.draw``; curve points play one, paired with
+            the pooled before). A
+            game's reward is then its mean over the draws, and the paired standard error is taken
+            over the games, so it falls with the sampling noise while the held-out words stay
+            the same (``trainer.loop.learning_curve.pool_draws``). Each draw costs one more
+            evaluation's time.
 
-    Raises (``check_seeds``, once the task is known):
-        EvalConfigError: ``episodes`` or ``curve_episodes`` above the task's held-out seeds (a
-            larger evaluation would play episodes trained on).
+    Raises:
+        EvalConfigError: ``draws`` below 1 (``__post_init__``); ``episodes`` or
+            ``curve_episodes`` above the task's held-out seeds (``check_seeds``, once the task is
+            known: a larger evaluation would play episodes trained on).
     """
 
     episodes: int = 512
     every: int = 10
     curve_episodes: int = 64
     temperature: float = 1.0
+    draws: int = 1
+
+    def __post_init__(self) -> None:
+        if self.draws < 1:
+            raise EvalConfigError(
+                f"eval_draws={self.draws}: expected 1 (each game played once) or more; set "
+                "--eval-draws to e.g. 2"
+            )
 
     def check_seeds(self, seed_count: int) -> None:
         """Raise :class:`EvalConfigError` when an evaluation asks for more than the task's

@@ -11,10 +11,12 @@ per-seed difference removes the words' own difficulty from the standard error.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from transformers import TrainerCallback
@@ -65,13 +67,25 @@ class HeldOutEvals:
         self.rollouts, self.record = rollouts, record
         self.blocks: dict[str, dict] = {}
 
-    def play(self, label: str, step: int, version: int | None, games: int) -> None:
-        """Play ``games`` held-out games (the first ``games`` evaluation seeds) and record them."""
+    def play(self, label: str, step: int, version: int | None, games: int, draws: int = 1) -> None:
+        """Play ``games`` held-out games (the first ``games`` evaluation seeds), each ``draws``
+        times with its own sampling seeds (``EvalRequest.draw``; :func:`pool_draws`), and record
+        them."""
         if games <= 0:
             return
         t0 = time.time()
         seeds = self.task.eval_seeds(games)
-        block = self.task.evaluate(self.target, seeds, self.settings.temperature, per_seed=True)
+        block = pool_draws(
+            [
+                self.task.evaluate(
+                    dataclasses.replace(self.target, draw=d),
+                    seeds,
+                    self.settings.temperature,
+                    per_seed=True,
+                )
+                for d in range(draws)
+            ]
+        )
         self.blocks[label] = block
         self.record(label, step, version, block)
         log.info("eval %s (v%s, %.0fs): %s", label, version, time.time() - t0, fmt_eval(block))
@@ -82,7 +96,7 @@ class HeldOutEvals:
         if self.task.check_context is not None:
             worst = self.task.check_context(t.replica_url, t.model_path, t.max_tokens)
             log.info("a full episode fits the replica's context (at most %d tokens)", worst)
-        self.play("before", 0, version, self.settings.episodes)
+        self.play("before", 0, version, self.settings.episodes, self.settings.draws)
 
     def curve_point(self, step: int) -> None:
         """A learning-curve point: the held-out games on the newest published version."""
@@ -90,13 +104,13 @@ class HeldOutEvals:
 
     def after(self, step: int) -> None:
         """The final evaluation, on the final version, paired with ``before``."""
-        self._play_newest("after", step, self.settings.episodes)
+        self._play_newest("after", step, self.settings.episodes, self.settings.draws)
 
-    def _play_newest(self, label: str, step: int, games: int) -> None:
+    def _play_newest(self, label: str, step: int, games: int, draws: int = 1) -> None:
         version = self.rollouts.publisher.newest_published
         if version is not None:
             wait_for_version(self.rollouts.served_version, version, timeout_s=300)
-        self.play(label, step, version, games)
+        self.play(label, step, version, games, draws)
 
     def curve(self) -> list[dict]:
         """One row per evaluation, in order, each with its paired difference from the first
@@ -166,6 +180,50 @@ class EvalEvery(TrainerCallback):
         step = state.global_step
         if self.every > 0 and step % self.every == 0 and step < self.max_steps:
             self.evaluate_at(step)
+
+
+def pool_draws(blocks: list[dict]) -> dict:
+    """One evaluation block from ``blocks``: the same games (same seeds, same order), each block
+    one sampling draw (``EvalRequest.draw``), every block with ``per_seed``.
+
+    Each game's reward is its mean over the draws (``per_seed``); ``reward_mean`` is their mean and
+    ``reward_se`` their standard error over the games (the draws of one game share its word, so
+    they are not independent games). ``episodes`` and the counts (integers, and dicts of them
+    such as the invalid moves by reason) are summed over the draws; every other number (rates,
+    means) is the mean of the draws' figures, so a rate stays comparable with a one-draw
+    evaluation of the same games. ``draws`` says how many were pooled. One block is returned
+    as it is.
+
+    Raises:
+        ValueError: no block, or blocks of different games (``per_seed`` lengths differ).
+    """
+    if not blocks:
+        raise ValueError("expected at least one evaluation block to pool, found none")
+    if len(blocks) == 1:
+        return blocks[0]
+    plays = [b["per_seed"] for b in blocks]
+    if len({len(p) for p in plays}) != 1:
+        raise ValueError(
+            f"expected draws of the same games, found {[len(p) for p in plays]} games per draw"
+        )
+    out: dict = {}
+    for key, first in blocks[0].items():
+        values = [b.get(key) for b in blocks]
+        if isinstance(first, bool) or key in ("per_seed", "reward_mean", "reward_se"):
+            continue
+        if isinstance(first, int):
+            out[key] = sum(values)
+        elif isinstance(first, dict):
+            out[key] = dict(sorted(sum((Counter(v) for v in values), Counter()).items()))
+        elif isinstance(first, float) or first is None:
+            present = [v for v in values if v is not None]
+            out[key] = round(statistics.fmean(present), 4) if present else None
+    per_seed = [round(statistics.fmean(game), 4) for game in zip(*plays, strict=True)]
+    out["per_seed"] = per_seed
+    out["reward_mean"] = round(statistics.fmean(per_seed), 4)
+    out["reward_se"] = round(statistics.stdev(per_seed) / math.sqrt(len(per_seed)), 4)
+    out["draws"] = len(blocks)
+    return out
 
 
 def paired_difference(before: list[float], after: list[float]) -> dict:

@@ -53,6 +53,11 @@ class EvalRequest:
         model_name: the model name the requests carry (an adapter's served name; None: the
             replica's served model).
         max_tokens: completion tokens per assistant turn (the GRPO setting).
+        draw: which sampling draw to play (0: the default). A task whose evaluation samples
+            derives its per-request sampling seeds from the episode's seed and this draw, so the
+            same draw replays the same tokens on the same weights (the paired comparison's
+            common random numbers) and another draw samples other tokens on the same episodes
+            (``EvalSettings.draws``).
     """
 
     replica_url: str
@@ -60,6 +65,7 @@ class EvalRequest:
     env_url: str
     model_name: str | None
     max_tokens: int
+    draw: int = 0
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,21 @@ def _post(http: httpx.Client, url: str, payload: dict) -> httpx.Response:
     raise AssertionError("unreachable")
 
 
+def sampling_seed(seed: int, turn: int, draw: int = 0) -> int:
+    """The sampling seed of a held-out game's request: ``seed * 16 + turn + draw * 2**32``. Draw 0
+    is the seed every evaluation has used, so the same weights replay the same tokens before and
+    after (common random numbers in the paired difference); draw ``d`` samples other tokens on
+    the same game (game seeds stay below 2**28, turns below 16, so no two (seed, turn, draw)
+    share a sampling seed; vLLM takes any 64-bit seed).
+
+    Raises:
+        ValueError: a negative draw or a turn outside 0..15.
+    """
+    if draw < 0 or not 0 <= turn < 16:
+        raise ValueError(f"expected draw >= 0 and a turn in 0..15, found draw {draw}, turn {turn}")
+    return seed * 16 + turn + (draw << 32)
+
+
 def play_episode(
     http: httpx.Client,
     replica_url: str,
@@ -165,9 +180,11 @@ def play_episode(
     max_tokens: int,
     temperature: float = 0.0,
     board: bool = True,
+    draw: int = 0,
 ) -> EpisodeResult:
     """Play the game of ``seed`` through the replica; ``board=False`` leaves the board out of
-    the tool replies (the warm-start ablation of ``bench/bench_warm_start.py``).
+    the tool replies (the warm-start ablation of ``bench/bench_warm_start.py``). Each turn's
+    request carries the sampling seed :func:`sampling_seed` ``(seed, turn, draw)``.
 
     Raises:
         EvalError: the replica answered an error (after httpx's own connection handling).
@@ -198,7 +215,7 @@ def play_episode(
                 "max_tokens": max_tokens,
                 "temperature": temperature,
                 "return_token_ids": True,
-                "seed": seed * 16 + turns,
+                "seed": sampling_seed(seed, turns, draw),
             }
             r = _post(http, f"{replica_url}/v1/completions", payload)
             if r.status_code != 200:
@@ -322,6 +339,7 @@ def evaluate(
     board: bool = True,
     per_seed: bool = False,
     model_name: str | None = None,
+    draw: int = 0,
 ) -> dict:
     """Play ``seeds`` through the replica; returns :func:`summarize`'s block.
 
@@ -340,6 +358,7 @@ def evaluate(
         model_name: the model name the requests carry (an adapter run: its adapter name, which
             the replica maps to its newest adapter version). None: the replica's served model
             (``GET /v1/models``).
+        draw: the sampling draw (:func:`sampling_seed`; ``EvalRequest.draw``).
     """
     from transformers import AutoTokenizer
 
@@ -361,6 +380,7 @@ def evaluate(
                     max_tokens,
                     temperature,
                     board,
+                    draw,
                 ),
                 seeds,
             )

@@ -31,6 +31,7 @@ def _evaluate(request: EvalRequest, seeds: list, temperature: float, per_seed: b
         temperature,
         per_seed=per_seed,
         model_name=request.model_name,
+        draw=request.draw,
     )
 
 
