@@ -322,12 +322,11 @@ class EvalSettings:
         temperature: sampling temperature, the policy's own (1.0). Greedy (0) is misleading for a
             small model: the single likeliest token can be a non-word.
         draws: how many times the before and after evaluations play each of their games, each
-            draw with its own sampling seeds (``EvalRequest.draw``; curve points play one, paired with
-            the pooled before). A
-            game's reward is then its mean over the draws, and the paired standard error is taken
-            over the games, so it falls with the sampling noise while the held-out words stay
-            the same (``trainer.loop.learning_curve.pool_draws``). Each draw costs one more
-            evaluation's time.
+            draw with its own sampling seeds (``EvalRequest.draw``; a curve point plays one, paired
+            with the pooled before). A game's reward is then its mean over the draws, and the
+            paired standard error is taken over the games, so it falls with the sampling noise
+            while the held-out words stay the same (``learning_curve.pool_draws``). Each draw
+            costs one more evaluation's time.
 
     Raises:
         EvalConfigError: ``draws`` below 1 (``__post_init__``); ``episodes`` or
