@@ -164,6 +164,8 @@ def test_bad_draws_are_refused_with_the_fix():
         pool_draws([_block([0.1, 0.2]), _block([0.1, 0.2, 0.3])])
     with pytest.raises(ValueError, match="draw >= 0"):
         sampling_seed(900_000, 0, -1)
+    with pytest.raises(ValueError, match="game seed in 0..2"):
+        sampling_seed(1 << 28, 0, 1)  # its draw-0 seeds would reach draw 1's
     assert sampling_seed(900_000, 3) == 900_000 * 16 + 3  # draw 0: the seeds used until now
     assert (
         len({sampling_seed(s, t, d) for s in eval_seeds() for t in range(7) for d in range(3)})

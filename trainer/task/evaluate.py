@@ -158,14 +158,18 @@ def sampling_seed(seed: int, turn: int, draw: int = 0) -> int:
     """The sampling seed of a held-out game's request: ``seed * 16 + turn + draw * 2**32``. Draw 0
     is the seed every evaluation has used, so the same weights replay the same tokens before and
     after (common random numbers in the paired difference); draw ``d`` samples other tokens on
-    the same game (game seeds stay below 2**28, turns below 16, so no two (seed, turn, draw)
+    the same game (with game seeds below 2**28 and turns below 16 no two (seed, turn, draw)
     share a sampling seed; vLLM takes any 64-bit seed).
 
     Raises:
-        ValueError: a negative draw or a turn outside 0..15.
+        ValueError: a game seed outside 0..2**28-1, a negative draw or a turn outside 0..15
+            (the sampling seeds of two draws could then collide).
     """
-    if draw < 0 or not 0 <= turn < 16:
-        raise ValueError(f"expected draw >= 0 and a turn in 0..15, found draw {draw}, turn {turn}")
+    if not 0 <= seed < 1 << 28 or draw < 0 or not 0 <= turn < 16:
+        raise ValueError(
+            f"expected a game seed in 0..2**28-1, draw >= 0 and a turn in 0..15, found seed "
+            f"{seed}, draw {draw}, turn {turn}"
+        )
     return seed * 16 + turn + (draw << 32)
 
 
