@@ -18,6 +18,11 @@ prompt and tool text):
   elements, bytes, bytes per changed element. Random weights are not pretrained ones, so the
   density is a property of these weights' magnitudes, not a forecast for a pretrained model.
 
+With ``--lora RANK`` the model carries a PEFT LoRA adapter of that rank (alpha 2 x rank, on the
+seven projections the trainer's ``--adapter lora`` wraps, ``trainer.settings.AdapterSettings``):
+the step trains and publishes only the adapter (as an adapter run does); the recomputation is
+not measured for it.
+
 Times are the median of ``--repeats`` after one warm-up, with CUDA synchronised. Without CUDA
 (``--smoke``, CI) the same code runs on the CPU at a tiny shape. Writes
 ``bench/results/gpu_step.json``.
@@ -168,13 +173,16 @@ def step_fn(model, opt, ids, wanted, micro: int, device: str):
 
 
 def publish(model, before: dict, device: str) -> dict:
-    """Changed elements and the codec's bytes of the master's bf16 bits against ``before``."""
+    """Changed elements and the codec's bytes of the master's bf16 bits against ``before`` (the
+    bits of the parameters published, by name)."""
     from deltasync import codec
     from deltasync.snapshot import diff_on_device
 
     changed = total = size = 0
     t_diff = t_encode = 0.0
     for name, p in model.named_parameters():
+        if name not in before:
+            continue
         base = before[name]
         host_base = base.cpu().numpy().view(np.uint16)
         sync(device)
@@ -197,25 +205,53 @@ def publish(model, before: dict, device: str) -> dict:
     }
 
 
+def with_lora(model, rank: int):
+    """``model`` wrapped in a PEFT LoRA adapter of ``rank`` (alpha 2 x rank, no dropout, no bias)
+    on the projections the trainer's adapter runs wrap."""
+    from peft import LoraConfig, get_peft_model
+
+    from trainer.settings import AdapterSettings
+
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=AdapterSettings().modules(),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
 def bench_model(name: str, args, device: str) -> dict:
     from deltasync.snapshot import device_bits
     from trainer.loop.generating_policy import batch_log_probs
 
     model = build(name, device)
     n_params = sum(p.numel() for p in model.parameters())
+    if args.lora:
+        model = with_lora(model, args.lora)
     ids, wanted = episodes(
         model.config.vocab_size, args.episodes, args.tokens, args.trained, seed=1
     )
     tokens = args.episodes * args.tokens
-    row = {"parameters": n_params, "tokens": tokens, "scored": int(sum(w.sum() for w in wanted))}
+    trained = [p for p in model.parameters() if p.requires_grad]
+    row = {
+        "parameters": n_params,
+        "trained_parameters": sum(p.numel() for p in trained),
+        "lora_rank": args.lora,
+        "tokens": tokens,
+        "scored": int(sum(w.sum() for w in wanted)),
+        "recompute_s": None,
+    }
+    if not args.lora:
+        frozen = [build(name, device).to(torch.bfloat16).eval()]
+        row["recompute_s"] = timed(
+            lambda: batch_log_probs(frozen[0], ids, wanted), device, args.repeats
+        )
+        frozen.clear()
 
-    frozen = [build(name, device).to(torch.bfloat16).eval()]
-    row["recompute_s"] = timed(
-        lambda: batch_log_probs(frozen[0], ids, wanted), device, args.repeats
-    )
-    frozen.clear()
-
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device == "cuda")
+    opt = torch.optim.AdamW(trained, lr=args.lr, fused=device == "cuda")
     model.train()
     for checkpointing in (False, True):
         if checkpointing:
@@ -229,17 +265,19 @@ def bench_model(name: str, args, device: str) -> dict:
             row[f"{key}_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
     model.gradient_checkpointing_disable()
 
-    before = {n: device_bits(p).clone() for n, p in model.named_parameters()}
+    before = {n: device_bits(p).clone() for n, p in model.named_parameters() if p.requires_grad}
     step_fn(model, opt, ids, wanted, args.micro, device)()
     sync(device)
     row["publish"] = publish(model, before, device)
     row["tokens_per_s"] = tokens / row["step_s"]
     pub = row["publish"]
+    recompute = "-" if row["recompute_s"] is None else f"{row['recompute_s']:.3f} s"
     print(
-        f"{name:13s} {n_params / 1e6:7.1f} M  {tokens} tokens: recompute {row['recompute_s']:.3f} s, "
+        f"{name:13s} {n_params / 1e6:7.1f} M (trained {row['trained_parameters'] / 1e6:.1f} M) "
+        f"{tokens} tokens: recompute {recompute}, "
         f"step {row['step_s']:.3f} s ({row['tokens_per_s']:,.0f} tok/s), with checkpointing "
         f"{row['step_checkpointing_s']:.3f} s; lr {args.lr:g}: {pub['density']:.2%} changed, "
-        f"{pub['bytes'] / 1e6:.2f} MB, {pub['bytes_per_changed']:.2f} B/changed "
+        f"{pub['bytes'] / 1e6:.3f} MB, {pub['bytes_per_changed']:.2f} B/changed "
         f"(diff {pub['diff_s']:.3f} s, encode {pub['encode_s']:.2f} s)",
         flush=True,
     )
@@ -257,6 +295,7 @@ def main() -> None:
     p.add_argument("--trained", type=float, default=0.11, help="share of positions scored")
     p.add_argument("--micro", type=int, default=8, help="episodes a forward/backward")
     p.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate")
+    p.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full weights)")
     p.add_argument("--repeats", type=int, default=3, help="timed calls (median) after a warm-up")
     p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "gpu_step.json"))
     smoke = dict(
