@@ -41,6 +41,7 @@ import time
 
 import numpy as np
 import torch
+from bench_codec import QWEN3_06B
 from report import parse_with_smoke, save, smoke_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +49,7 @@ for sub in ("shared", ""):
     sys.path.insert(0, os.path.join(REPO, sub))
 
 # Shapes from the models' published config.json files (HuggingFaceTB/SmolLM2-135M-Instruct,
-# Qwen/Qwen3-0.6B, Qwen/Qwen3-1.7B).
+# Qwen/Qwen3-0.6B as bench_codec.py has it, Qwen/Qwen3-1.7B).
 SHAPES = {
     "smollm2-135m": (
         "llama",
@@ -63,32 +64,8 @@ SHAPES = {
             tie_word_embeddings=True,
         ),
     ),
-    "qwen3-0.6b": (
-        "qwen3",
-        dict(
-            vocab_size=151936,
-            hidden_size=1024,
-            intermediate_size=3072,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            tie_word_embeddings=True,
-        ),
-    ),
-    "qwen3-1.7b": (
-        "qwen3",
-        dict(
-            vocab_size=151936,
-            hidden_size=2048,
-            intermediate_size=6144,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            tie_word_embeddings=True,
-        ),
-    ),
+    "qwen3-0.6b": ("qwen3", QWEN3_06B),
+    "qwen3-1.7b": ("qwen3", {**QWEN3_06B, "hidden_size": 2048, "intermediate_size": 6144}),
     "tiny": (
         "qwen3",
         dict(
