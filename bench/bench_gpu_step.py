@@ -161,7 +161,7 @@ def publish(model, before: dict, device: str) -> dict:
         if name not in before:
             continue
         base = before[name]
-        host_base = base.cpu().numpy().view(np.uint16)
+        host_base = base.cpu().numpy().view(np.uint16).copy()  # diff_on_device advances base
         sync(device)
         t0 = time.perf_counter()
         change = diff_on_device(base, p)
