@@ -12,6 +12,7 @@ from trainer.task.wordle_task import (
     INVALID_PENALTY,
     MAX_TURNS,
     RESET_TEXT,
+    REWARD_VAR,
     STOPPED_EARLY_PENALTY,
     EpisodeStats,
     call_message,
@@ -22,6 +23,7 @@ from trainer.task.wordle_task import (
     make_dataset,
     parse_call,
     prompt_messages,
+    reward_kind,
     warm_start_targets,
 )
 from wordle_env import wordlists
@@ -254,6 +256,37 @@ def test_a_game_the_call_cap_cut_pays_for_its_invalid_moves_not_for_stopping():
     assert episode_reward(early) == pytest.approx(
         early.best_credit - 2 * INVALID_PENALTY - STOPPED_EARLY_PENALTY
     )
+
+
+def test_game_reward_pays_what_the_game_pays_less_the_invalid_moves():
+    """``kind="game"``: the game's own reward (the last accepted row's credit, 1 for a win), so a
+    player that stops while its last row is good keeps it; invalid moves still cost."""
+    rng = random.Random(1)
+    pool = sorted(wordlists.allowed_guesses() - {"crane"})
+    for _ in range(200):
+        words = rng.sample(pool, rng.randint(0, 6))
+        game = WordleGame("crane")
+        for w in words:
+            game.play(f"[{w}]")
+        assert episode_reward(_play(words), "game") == pytest.approx(game.reward)
+        if len(words) >= 2:
+            bad = _play(words[:2] + ["zzzzz"])
+            assert episode_reward(bad, "game") == pytest.approx(
+                episode_reward(_play(words[:2]), "game") - INVALID_PENALTY
+            )
+    assert episode_reward(_play(["slate", "crane"]), "game") == 1.0
+    good_then_worse = _play(["crank", "fuzzy"])  # the game pays the last row, not the best
+    assert episode_reward(good_then_worse, "game") < episode_reward(_play(["crank"]), "game")
+
+
+def test_an_unknown_reward_kind_says_which_ones_exist(monkeypatch):
+    with pytest.raises(ValueError, match="best, game"):
+        episode_reward(_play(["slate"]), "last")
+    monkeypatch.setenv(REWARD_VAR, "lats")
+    with pytest.raises(ValueError, match="--wordle-reward"):
+        reward_kind()
+    monkeypatch.setenv(REWARD_VAR, "game")
+    assert reward_kind() == "game"
 
 
 def test_call_message_renders_as_the_rollout_parses_it(tokenizer):

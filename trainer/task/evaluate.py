@@ -32,6 +32,7 @@ from trainer.task.wordle_task import (
     guess_tool,
     parse_call,
     prompt_messages,
+    reward_kind,
     tool_reply,
 )
 
@@ -290,7 +291,9 @@ def summarize(results: list[EpisodeResult]) -> dict:
         # accepted guess scores about its word's value (guess_value) plus what the feedback added
         "no_guess_rate": round(sum(not r.stats.accepted for r in results) / n, 4),
         "guess_value_mean": round(statistics.fmean(values), 4) if values else None,
-        "shaped_reward_mean": round(statistics.fmean(episode_reward(r.stats) for r in results), 4),
+        "shaped_reward_mean": round(
+            statistics.fmean(episode_reward(r.stats, reward_kind()) for r in results), 4
+        ),
     }
 
 

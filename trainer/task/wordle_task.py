@@ -63,6 +63,10 @@ GAME_OVER = " Game over."
 MAX_TURNS = rules.MAX_GUESSES + 1
 INVALID_PENALTY = 0.1
 STOPPED_EARLY_PENALTY = 0.2
+# The episode rewards :func:`episode_reward` knows, and the variable that picks one for TRL's
+# spawned rollout process (:func:`reward_kind`).
+EPISODE_REWARDS = ("best", "game")
+REWARD_VAR = "DELTASYNC_WORDLE_REWARD"
 RESET_ATTEMPTS = 3
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
@@ -236,14 +240,48 @@ class EpisodeStats:
         return tool_reply(observation.reply, done, self.guesses, self.marks)
 
 
-def episode_reward(stats: EpisodeStats) -> float:
-    """The shaped reward of one episode (see the module docstring); in [-0.9, 1]."""
-    if stats.won:
-        base = 1.0
-    else:
-        base = stats.best_credit
+def episode_reward(stats: EpisodeStats, kind: str = "best") -> float:
+    """The training reward of one episode, in [-0.9, 1].
+
+    Args:
+        stats: the episode's :class:`EpisodeStats`.
+        kind: ``best`` (the module docstring: the best credit, minus the invalid moves and the
+            stop penalty) or ``game``: what the game itself pays (``rules.game_reward``: 1 for a
+            win, else the credit of the *last* accepted guess) minus ``INVALID_PENALTY`` per
+            invalid move, with no stop penalty, so a player that stops while its last row is
+            good keeps that row's credit, as the game (and the evaluation) scores it.
+
+    Raises:
+        ValueError: ``kind`` is not one of ``EPISODE_REWARDS``.
+    """
+    if kind not in EPISODE_REWARDS:
+        raise ValueError(
+            f"episode reward {kind!r}: expected one of {', '.join(EPISODE_REWARDS)}; "
+            f"set ${REWARD_VAR} / --wordle-reward to one of them"
+        )
+    if kind == "game":
+        base = rules.game_reward(stats.won, stats.marks[-1] if stats.marks else None)
+        return base - INVALID_PENALTY * stats.invalid
+    base = 1.0 if stats.won else stats.best_credit
     penalty = INVALID_PENALTY * stats.invalid + (STOPPED_EARLY_PENALTY if stopped(stats) else 0.0)
     return base - penalty
+
+
+def reward_kind() -> str:
+    """The episode reward this process trains on: ``$DELTASYNC_WORDLE_REWARD`` (set by the
+    trainer from ``--wordle-reward``; TRL's spawned rollout process inherits it), ``best`` when
+    unset.
+
+    Raises:
+        ValueError: the variable holds something other than one of ``EPISODE_REWARDS``.
+    """
+    kind = os.environ.get(REWARD_VAR, "best")
+    if kind not in EPISODE_REWARDS:
+        raise ValueError(
+            f"${REWARD_VAR}={kind!r}: expected one of {', '.join(EPISODE_REWARDS)}; "
+            "set --wordle-reward to one of them"
+        )
+    return kind
 
 
 def stopped(stats: EpisodeStats) -> bool:
@@ -331,8 +369,9 @@ class WordleToolEnv:
         return self.stats.reply(result.observation, bool(result.done))
 
     def get_reward(self) -> float | None:
-        """The shaped reward of this rollout (:func:`episode_reward`); None when dropped."""
-        return None if self._dropped else episode_reward(self.stats)
+        """The training reward of this rollout (:func:`episode_reward` of :func:`reward_kind`);
+        None when dropped."""
+        return None if self._dropped else episode_reward(self.stats, reward_kind())
 
 
 def solver_conversation(
