@@ -139,6 +139,14 @@ class TrainConfig:
                 f"--turn-credit {self.grpo.turn_credit}: expected a task with per-turn rewards "
                 f"(Task.turn_rewards), found none in task {task.name!r}; use --turn-credit 0"
             )
+        if self.grpo.reward is None and task.rewards:
+            self.grpo.reward = task.rewards[0]
+        if self.grpo.reward is not None and self.grpo.reward not in task.rewards:
+            raise GRPOConfigError(
+                f"--reward {self.grpo.reward}: expected one of the rewards task {task.name!r} "
+                f"pays ({', '.join(task.rewards) or 'none to choose from'}); "
+                + (f"use e.g. --reward {task.rewards[0]}" if task.rewards else "drop --reward")
+            )
         self.warm_start = dataclasses.replace(self.warm_start, seed=self.run.seed)  # one seed
         rebuilds = self.grpo.off_policy != "off" or self.grpo.off_policy_stats
         if rebuilds and not full:
@@ -234,6 +242,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
             "tis_cap",
             "off_policy_stats",
             "turn_credit",
+            "reward",
         )
     },
     "anchor_every": ("publish", "anchor_every", None),

@@ -269,6 +269,11 @@ class GRPOSettings:
             GRPO. Turn-level credit assignment after MT-GRPO (Zeng et al. 2025, "Reinforcing
             Multi-Turn Reasoning in LLM Agents via Turn-Level Credit Assignment",
             arXiv:2505.11821), centred within the episode rather than across the group.
+        reward: which of the task's episode rewards GRPO trains on (``Task.rewards``; Wordle:
+            ``best``, the best row's credit with a stop penalty, or ``game``, what the game pays:
+            the last row's credit, so stopping on a good row keeps it; both less 0.1 an invalid
+            move, ``trainer.task.wordle_task.episode_reward``). None (resolved by
+            :class:`~trainer.config.TrainConfig`): the task's first.
     """
 
     max_steps: int = 55
@@ -290,6 +295,7 @@ class GRPOSettings:
     tis_cap: float = 2.0
     off_policy_stats: bool = False
     turn_credit: float = 0.0
+    reward: str | None = None
 
     def __post_init__(self) -> None:
         if not self.turn_credit >= 0:

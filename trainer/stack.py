@@ -26,7 +26,7 @@ from trainer.fleet.router import FleetRouter
 from trainer.local import processes
 from trainer.loop.rollouts import Rollouts
 from trainer.loop.trained_weights import FullWeights
-from trainer.task.base import ENV_URL_VAR, Task, TaskError
+from trainer.task.base import ENV_URL_VAR, REWARD_VAR, Task, TaskError
 
 log = logging.getLogger("trainer")
 
@@ -126,6 +126,7 @@ class RunStack(contextlib.AbstractContextManager):
                 processes.start_env_server(self.task.server, self.logs_dir)
             ).url
         os.environ[ENV_URL_VAR] = self.env_url  # read by the task's client in TRL's rollout process
+        os.environ[REWARD_VAR] = cfg.grpo.reward or ""  # ... and the episode reward it pays
         self.publisher = self._start_publisher(model_path)
         self._exit.callback(self.publisher.close)  # idempotent: flushes the last publish
         fixed_urls, discover = parse_vllm_urls(cfg.fleet.vllm_url)

@@ -11,7 +11,7 @@ from dataclasses import fields
 
 import pytest
 
-from trainer.config import FLAGS, AdapterConfigError, TrainConfig, from_args
+from trainer.config import FLAGS, AdapterConfigError, GRPOConfigError, TrainConfig, from_args
 
 DECLARED = [(flag, var) for flag, (_, _, var) in FLAGS.items() if var]
 
@@ -322,3 +322,21 @@ def test_the_settings_the_model_chose_are_named_once(env, caplog):
     assert "Qwen/Qwen3-0.6B without CUDA (HUB_CPU_DEFAULTS)" in line
     assert "--num-generations 4" in line and "--learning-rate 6e-05" in line
     assert "--token-budget" not in line  # given by the user
+
+
+def test_the_reward_is_one_the_task_pays_and_defaults_to_its_first(monkeypatch, capsys):
+    """``--reward`` picks one of ``Task.rewards``; anything else stops the run at the command line
+    naming the rewards there are; a task that pays one reward only has nothing to choose."""
+    from trainer.task.wordle import TASK
+
+    assert TrainConfig().grpo.reward == TASK.rewards[0]
+    assert from_args(["--reward", "game"]).grpo.reward == "game" in TASK.rewards
+    with pytest.raises(SystemExit):
+        from_args(["--reward", "last"])
+    err = capsys.readouterr().err
+    assert "--reward last" in err and ", ".join(TASK.rewards) in err
+    monkeypatch.syspath_prepend(os.path.dirname(__file__))  # letter_task.py, beside this file
+    letter = {"task": "letter_task:TASK", "eval_episodes": 8}
+    assert TrainConfig.from_flags(**letter).grpo.reward is None
+    with pytest.raises(GRPOConfigError, match="drop --reward"):
+        TrainConfig.from_flags(**letter, reward="game")

@@ -1,5 +1,5 @@
-"""The evaluation block's figures that explain the environment's reward: a word's value as a guess
-and the games with no accepted guess (``trainer.task.evaluate``)."""
+"""The evaluation block's figures that explain the environment's reward: a word's value as a guess,
+the games with no accepted guess and where the model stops (``trainer.task.evaluate``)."""
 
 from __future__ import annotations
 
@@ -53,3 +53,49 @@ def test_the_block_counts_games_without_a_guess_and_averages_each_guess_value():
         statistics.fmean(guess_value(w) for w in words), abs=1e-4
     )
     assert summarize([_game([], 0.0), _game([], 0.0)])["guess_value_mean"] is None
+
+
+def _played(target: str, moves: list[str], end: str) -> EpisodeResult:
+    """A game that sent ``moves`` through the real game rules and then ended by ``end``."""
+    from types import SimpleNamespace
+
+    from wordle_env.game import WordleGame
+
+    game, stats = WordleGame(target), EpisodeStats()
+    for word in moves:
+        move = game.play(f"[{word}]")
+        stats.record(
+            SimpleNamespace(
+                done=game.done,
+                won=game.won,
+                guesses=list(game.guesses),
+                feedback=list(game.marks),
+                error_code=None if move.invalid is None else move.invalid.code,
+            )
+        )
+    return EpisodeResult(0, len(moves) + 1, len(moves), stats, game.reward, end)
+
+
+def test_the_stop_figures_split_the_model_stops_by_the_row_it_read():
+    """Stops count only where the model wrote no call right after an accepted row and the game
+    could go on; a row is good from ``GOOD_ROW`` credit up."""
+    from trainer.task.evaluate import GOOD_ROW, stop_rates
+
+    good, poor = "crank", "fuzzy"  # against "crane": 0.8 and 0
+    assert rules.partial_credit(rules.feedback(good, "crane")) >= GOOD_ROW
+    assert rules.partial_credit(rules.feedback(poor, "crane")) < GOOD_ROW
+    games = [
+        _played("crane", [poor, good], "malformed"),  # stopped on the good row
+        _played("crane", [good, poor], "malformed"),  # went on after it, stopped on the poor one
+        _played("crane", [poor, "zzzzz"], "malformed"),  # an invalid move, then no call: no stop
+        _played("crane", [poor, good, "crane"], "won"),  # a win: its last row decides nothing
+    ]
+    rates = stop_rates(games)
+    # good rows that could go on: game 1's 2nd, game 2's 1st, game 4's 2nd; stopped after 1
+    assert rates["stop_after_good_rate"] == pytest.approx(1 / 3, abs=1e-4)
+    # poor rows: game 1's 1st, game 2's 2nd (stopped), game 3's 1st, game 4's 1st
+    assert rates["stop_after_poor_rate"] == pytest.approx(1 / 4, abs=1e-4)
+    credits = [rules.partial_credit(rules.feedback(w, "crane")) for w in (good, poor)]
+    assert rates["stopped_row_credit_mean"] == pytest.approx(statistics.fmean(credits), abs=1e-4)
+    assert summarize(games)["stop_after_good_rate"] == rates["stop_after_good_rate"]
+    assert stop_rates([games[3]])["stopped_row_credit_mean"] is None

@@ -283,7 +283,7 @@ def test_an_unknown_reward_kind_says_which_ones_exist(monkeypatch):
     with pytest.raises(ValueError, match="best, game"):
         episode_reward(_play(["slate"]), "last")
     monkeypatch.setenv(REWARD_VAR, "lats")
-    with pytest.raises(ValueError, match="--wordle-reward"):
+    with pytest.raises(ValueError, match="--reward"):
         reward_kind()
     monkeypatch.setenv(REWARD_VAR, "game")
     assert reward_kind() == "game"

@@ -18,6 +18,8 @@ from typing import Any
 # The environment server's URL, handed to TRL's spawned rollout process (set by the run stack,
 # read by a task's environment client or reward function).
 ENV_URL_VAR = "DELTASYNC_ENV_URL"
+# The episode reward the run trains on (``--reward``, one of ``Task.rewards``), handed the same way.
+REWARD_VAR = "DELTASYNC_TASK_REWARD"
 
 
 class TaskError(ValueError):
@@ -99,6 +101,9 @@ class Task:
             task has no per-turn rewards.
         step_figures: ``f(counts, games) -> dict``: the step's figures from the summed counts
             (``deltasync.status.StepMetrics`` field names, e.g. ``valid_rate``).
+        rewards: the episode rewards the task's environment can pay (``--reward``; the run hands
+            the chosen one to the task in ``$DELTASYNC_TASK_REWARD``), the first the default;
+            () where it pays one only.
         attach: ``f(trainer, run, grpo)``: task-specific steps on TRL's trainer (e.g. the local
             Wordle model's answer rows tied to their spelling); None: nothing.
         warm_start: ``f(run, model_path, games) -> (model folder, seconds)``: a pretrained
@@ -121,6 +126,7 @@ class Task:
     episode_counts: Callable[[list], dict[str, int]] | None = None
     step_figures: Callable[[dict[str, int], int], dict] | None = None
     turn_rewards: Callable[[list], list[float | None]] | None = None
+    rewards: tuple[str, ...] = ()
     attach: Callable[[Any, Any, Any], None] | None = None
     warm_start: Callable[[Any, str, int], tuple[str, float]] | None = None
     local_model: Callable[[Any, Any], tuple[str, float]] | None = None

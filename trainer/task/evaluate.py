@@ -35,8 +35,15 @@ from trainer.task.wordle_task import (
     reward_kind,
     tool_reply,
 )
+from wordle_env import rules
 
 log = logging.getLogger("trainer.task.evaluate")
+
+# A row worth at least this much credit is a good one to stop on (:func:`stop_rates`): for a
+# player whose guesses are random answer words, stopping on the first row worth 0.3 or more
+# gives the game's reward 0.31, against 0.18 for never stopping and 0.29 / 0.24 at 0.4 / 0.5
+# (20,000 simulated games each, ``wordle_env.rules``).
+GOOD_ROW = 0.3
 
 
 @dataclass
@@ -254,8 +261,37 @@ def play_episode(
     return EpisodeResult(seed, turns, wellformed, stats, env_reward, end)
 
 
+def stop_rates(results: list[EpisodeResult]) -> dict:
+    """How the model's stopping depends on the row it just read: of the accepted rows after which
+    the game went on (not a win, guesses left), the share the model stopped after (its next turn
+    was no call) for rows worth at least ``GOOD_ROW`` (``stop_after_good_rate``) and for the rest
+    (``stop_after_poor_rate``), and the mean credit of the rows games stopped on (None where
+    none). The game pays the last row (``rules.game_reward``), so a player that reads its feedback
+    stops more after good rows; one that does not stops alike after both."""
+    stops = {True: [0, 0], False: [0, 0]}  # good row -> [stopped after it, rows]
+    stopped_on = []
+    for r in results:
+        last = len(r.stats.marks) - 1
+        for i, marks in enumerate(r.stats.marks):
+            if i == rules.MAX_GUESSES - 1 or (r.stats.won and i == last):
+                continue  # the game was over after this row: nothing to decide
+            credit = rules.partial_credit(marks)
+            stopped = i == last and r.end == "malformed" and not r.stats.last_invalid
+            stops[credit >= GOOD_ROW][0] += stopped
+            stops[credit >= GOOD_ROW][1] += 1
+            if stopped:
+                stopped_on.append(credit)
+    rate = {good: round(s / n, 4) if n else None for good, (s, n) in stops.items()}
+    return {
+        "stop_after_good_rate": rate[True],
+        "stop_after_poor_rate": rate[False],
+        "stopped_row_credit_mean": round(statistics.fmean(stopped_on), 4) if stopped_on else None,
+    }
+
+
 def summarize(results: list[EpisodeResult]) -> dict:
-    """The evaluation block: rates, mean environment reward with its standard error, etc."""
+    """The evaluation block: rates, mean environment reward with its standard error, the stop
+    decision's figures (:func:`stop_rates`), etc."""
     n = len(results)
     turns = sum(r.turns for r in results)
     calls = sum(r.wellformed for r in results)
@@ -294,6 +330,7 @@ def summarize(results: list[EpisodeResult]) -> dict:
         "shaped_reward_mean": round(
             statistics.fmean(episode_reward(r.stats, reward_kind()) for r in results), 4
         ),
+        **stop_rates(results),
     }
 
 

@@ -157,6 +157,7 @@ TASK = Task(
     episode_counts=episode_counts,
     step_figures=step_figures,
     turn_rewards=turn_rewards,
+    rewards=wordle_task.EPISODE_REWARDS,
     attach=_attach,
     warm_start=_warm_start,
     local_model=_local_model,

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from trainer.task import board
-from trainer.task.base import ENV_URL_VAR, space_headers
+from trainer.task.base import ENV_URL_VAR, REWARD_VAR, space_headers
 from wordle_env import rules, wordlists
 
 log = logging.getLogger("trainer.task.wordle_task")
@@ -63,10 +63,9 @@ GAME_OVER = " Game over."
 MAX_TURNS = rules.MAX_GUESSES + 1
 INVALID_PENALTY = 0.1
 STOPPED_EARLY_PENALTY = 0.2
-# The episode rewards :func:`episode_reward` knows, and the variable that picks one for TRL's
-# spawned rollout process (:func:`reward_kind`).
+# The episode rewards :func:`episode_reward` knows (``--reward``; ``REWARD_VAR`` hands the choice to
+# TRL's spawned rollout process, :func:`reward_kind`), the default first.
 EPISODE_REWARDS = ("best", "game")
-REWARD_VAR = "DELTASYNC_WORDLE_REWARD"
 RESET_ATTEMPTS = 3
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
@@ -257,7 +256,7 @@ def episode_reward(stats: EpisodeStats, kind: str = "best") -> float:
     if kind not in EPISODE_REWARDS:
         raise ValueError(
             f"episode reward {kind!r}: expected one of {', '.join(EPISODE_REWARDS)}; "
-            f"set ${REWARD_VAR} / --wordle-reward to one of them"
+            "set --reward to one of them"
         )
     if kind == "game":
         base = rules.game_reward(stats.won, stats.marks[-1] if stats.marks else None)
@@ -268,18 +267,17 @@ def episode_reward(stats: EpisodeStats, kind: str = "best") -> float:
 
 
 def reward_kind() -> str:
-    """The episode reward this process trains on: ``$DELTASYNC_WORDLE_REWARD`` (set by the
-    trainer from ``--wordle-reward``; TRL's spawned rollout process inherits it), ``best`` when
-    unset.
+    """The episode reward this process trains on: ``$DELTASYNC_TASK_REWARD`` (set by the run
+    stack from ``--reward``; TRL's spawned rollout process inherits it), ``best`` when unset.
 
     Raises:
         ValueError: the variable holds something other than one of ``EPISODE_REWARDS``.
     """
-    kind = os.environ.get(REWARD_VAR, "best")
+    kind = os.environ.get(REWARD_VAR) or EPISODE_REWARDS[0]
     if kind not in EPISODE_REWARDS:
         raise ValueError(
             f"${REWARD_VAR}={kind!r}: expected one of {', '.join(EPISODE_REWARDS)}; "
-            "set --wordle-reward to one of them"
+            "set --reward to one of them"
         )
     return kind
 
