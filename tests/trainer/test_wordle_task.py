@@ -264,7 +264,7 @@ def test_game_reward_pays_what_the_game_pays_less_the_invalid_moves():
     rng = random.Random(1)
     pool = sorted(wordlists.allowed_guesses() - {"crane"})
     for _ in range(200):
-        words = rng.sample(pool, rng.randint(0, 6))
+        words = rng.sample(pool, rng.randint(1, 6))
         game = WordleGame("crane")
         for w in words:
             game.play(f"[{w}]")
@@ -275,6 +275,9 @@ def test_game_reward_pays_what_the_game_pays_less_the_invalid_moves():
                 episode_reward(_play(words[:2]), "game") - INVALID_PENALTY
             )
     assert episode_reward(_play(["slate", "crane"]), "game") == 1.0
+    # stopping before any accepted guess costs what two invalid moves that end a game cost
+    assert episode_reward(_play([]), "game") == pytest.approx(-STOPPED_EARLY_PENALTY)
+    assert episode_reward(_play(["zzzzz", "qqqqq"]), "game") == pytest.approx(-2 * INVALID_PENALTY)
     good_then_worse = _play(["crank", "fuzzy"])  # the game pays the last row, not the best
     assert episode_reward(good_then_worse, "game") < episode_reward(_play(["crank"]), "game")
 

@@ -247,8 +247,12 @@ def episode_reward(stats: EpisodeStats, kind: str = "best") -> float:
         kind: ``best`` (the module docstring: the best credit, minus the invalid moves and the
             stop penalty) or ``game``: what the game itself pays (``rules.game_reward``: 1 for a
             win, else the credit of the *last* accepted guess) minus ``INVALID_PENALTY`` per
-            invalid move, with no stop penalty, so a player that stops while its last row is
-            good keeps that row's credit, as the game (and the evaluation) scores it.
+            invalid move, so a player that stops while its last row is good keeps that row's
+            credit, as the game (and the evaluation) scores it. Stopping costs
+            ``STOPPED_EARLY_PENALTY`` only before any accepted guess: without it (run G1,
+            docs/BENCHMARKS.md section 11) SmolLM2-135M-Instruct learned to stop after one
+            guess by step 25 and before any by step 29, where every game scores 0 and GRPO has
+            no signal left.
 
     Raises:
         ValueError: ``kind`` is not one of ``EPISODE_REWARDS``.
@@ -260,7 +264,8 @@ def episode_reward(stats: EpisodeStats, kind: str = "best") -> float:
         )
     if kind == "game":
         base = rules.game_reward(stats.won, stats.marks[-1] if stats.marks else None)
-        return base - INVALID_PENALTY * stats.invalid
+        nothing = not stats.marks and stopped(stats)  # stopped before any accepted guess
+        return base - INVALID_PENALTY * stats.invalid - (STOPPED_EARLY_PENALTY if nothing else 0.0)
     base = 1.0 if stats.won else stats.best_credit
     penalty = INVALID_PENALTY * stats.invalid + (STOPPED_EARLY_PENALTY if stopped(stats) else 0.0)
     return base - penalty
