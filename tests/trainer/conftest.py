@@ -1,4 +1,5 @@
-"""Fixtures of the trainer's tests: the local model's task tokenizer (built once per worker)."""
+"""Fixtures of the trainer's tests: the local model's task tokenizer (built once per worker) and
+the real Wordle server (one a module)."""
 
 import pytest
 
@@ -13,3 +14,17 @@ def tokenizer():
     renderer = make_char_tokenizer(wordle_model.chat_template())
     games = warm_start.solver_games(40, seed=5)
     return wordle_model.build_tokenizer([warm_start.render(g, renderer) for g in games])
+
+
+@pytest.fixture(scope="module")
+def wordle_url(tmp_path_factory):
+    """The real Wordle server (the task's own ``EnvServer``) on a loopback port, one a module."""
+    from trainer.local import processes
+    from trainer.task import wordle
+
+    child = processes.start_env_server(wordle.TASK.server, str(tmp_path_factory.mktemp("logs")))
+    try:
+        child.wait_healthy(120)
+        yield child.url
+    finally:
+        child.stop()

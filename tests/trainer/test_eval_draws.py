@@ -17,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from trainer.local import processes
 from trainer.loop.learning_curve import HeldOutEvals, paired_difference, pool_draws
 from trainer.settings import EvalConfigError, EvalSettings
 from trainer.task import wordle
@@ -60,17 +59,6 @@ def seeded_replica(real_model_dir):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}", sent
     server.shutdown()
-
-
-@pytest.fixture(scope="module")
-def wordle_url(tmp_path_factory):
-    """The real Wordle server (the task's own ``EnvServer``) on a loopback port."""
-    child = processes.start_env_server(wordle.TASK.server, str(tmp_path_factory.mktemp("logs")))
-    try:
-        child.wait_healthy(120)
-        yield child.url
-    finally:
-        child.stop()
 
 
 def _play(replica, env_url, model_dir, draw):

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.local import processes
-from trainer.task import wordle
 from trainer.task.base import ENV_URL_VAR, REWARD_VAR
 from trainer.task.wordle_task import (
     INVALID_PENALTY,
@@ -17,17 +15,6 @@ from trainer.task.wordle_task import (
 )
 from wordle_env import rules, wordlists
 from wordle_env.game import WordleGame
-
-
-@pytest.fixture(scope="module")
-def wordle_url(tmp_path_factory):
-    """The real Wordle server (the task's own ``EnvServer``) on a loopback port."""
-    child = processes.start_env_server(wordle.TASK.server, str(tmp_path_factory.mktemp("logs")))
-    try:
-        child.wait_healthy(120)
-        yield child.url
-    finally:
-        child.stop()
 
 
 def _episode(seed: int, moves: list[str]) -> WordleToolEnv:
