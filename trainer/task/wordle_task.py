@@ -14,7 +14,9 @@ credit ``(greens + 0.5 yellows) / 5`` of any accepted guess, minus 0.1 per inval
 0.2 when the model stopped before the game was over (:func:`stopped`; a game the call cap cut
 did not stop). The best guess (not the last, which is the
 environment's own ``game_reward``) is used so that stopping early never pays: another guess can
-only raise the best credit. Text that is not a move earns nothing.
+only raise the best credit. Text that is not a move earns nothing. ``--reward game`` trains on the
+game's own reward instead (:func:`episode_reward`); there a real model learned to play one strong
+word and stop (run G2, docs/BENCHMARKS.md section 11), so ``best`` stays the default.
 
 Stopping costs what the two invalid moves in a row that end a game cost (0.2). Raised to 0.5 (more
 than any way of playing on), SmolLM2-135M-Instruct still stopped (0.09-0.34 of held-out games at
