@@ -20,10 +20,11 @@ _NOT_LORA_TARGETS = ("lm_head", "embed_tokens")
 _ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the replica's ADAPTER_NAME rule
 _VERSIONED = re.compile(r".*-v[0-9]+")
 # Teacher games of the warm start of a hub model that has never been shown a tool
-# (``RunSettings.hub_warm_start_games``): about 6 minutes of SFT for SmolLM2-135M on 2 cores,
-# after which 32 of 32 sampled first calls parsed and 27 were valid words
-# (``trainer.task.hub_warm_start.HubWarmStartConfig``).
-HUB_WARM_START_GAMES = 96
+# (``RunSettings.hub_warm_start_games``), whole games (``RunSettings.hub_warm_start_turns`` 6):
+# about 10 minutes of SFT for SmolLM2-135M on 2 cores, the warm start of every learning run from
+# L6 on (96 games cut to 3 calls, ~6 minutes: 32 of 32 sampled first calls parsed, 27 valid
+# words; ``trainer.task.hub_warm_start.HubWarmStartConfig``; docs/BENCHMARKS.md section 11).
+HUB_WARM_START_GAMES = 128
 
 
 class EvalConfigError(ValueError):
@@ -64,16 +65,16 @@ class RunSettings:
         task: the environment trained on (``trainer.task.base.load_task``): ``wordle``, or
             ``package.module:NAME`` naming your own ``trainer.task.base.Task``.
         hub_warm_start_games: teacher games a hub model (or model folder) is fine-tuned on before
-            GRPO (``trainer.task.hub_warm_start``; cut to their first 3 calls; 0: none). None:
+            GRPO (``trainer.task.hub_warm_start``; cut to ``hub_warm_start_turns`` calls; 0: none). None:
             ``HUB_WARM_START_GAMES`` when the model's chat template has no tools (it has never
             been shown one: SmolLM2-135M-Instruct wrote 0 parsable calls in 512 games), else 0
             (Qwen3 keeps its own tool calling).
         hub_warm_start_turns: calls kept of each teacher game in that warm start (the game is cut
             after the tool reply of the last one; ``HubWarmStartConfig.turns``, part of its cache
-            key). 3: the first calls, ~780 tokens a game; 6: whole games (~1,000 tokens; 128 games
-            took 1,998 s of SFT beside a CI run against 376 s for 96 x 3, and did not raise
-            SmolLM2's valid share over whole games: 0.47 against 0.44; docs/BENCHMARKS.md
-            section 11, runs L5 and L6).
+            key). 6 (the default): whole games (~1,000 tokens; 128 games took ~600 s of SFT alone
+            on 2 cores, 1,998 s beside a CI run, and gave SmolLM2 a held-out valid share of
+            0.47 against 0.44 for 96 x 3); 3: the first calls, ~780 tokens a game
+            (docs/BENCHMARKS.md section 11, runs L5 and L6).
         runs_root: folder of local run folders (``<runs_root>/<run_id>``: model, bucket, logs).
         cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
         output_dir: TRL's output folder (None: ``<run_dir>/trainer``).
@@ -88,7 +89,7 @@ class RunSettings:
     model: str | None = None
     task: str = "wordle"
     hub_warm_start_games: int | None = None
-    hub_warm_start_turns: int = 3
+    hub_warm_start_turns: int = 6
     runs_root: str = "runs"
     cache_dir: str | None = None
     output_dir: str | None = None

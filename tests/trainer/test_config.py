@@ -212,10 +212,17 @@ def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given
     # the learning run: bf16 autocast, full weights at the measured rate, an adapter its own
     assert sized.grpo.autocast and sized.grpo.learning_rate == HUB_CPU_FULL_LEARNING_RATE
     assert sized.grpo.turn_credit == 1.0 and TrainConfig().grpo.turn_credit == 0.0
-    # a task of your own without per-turn rewards trains as GRPO does, and is not refused for it
+    # ... on the game's own reward, where the local model and a GPU keep the task's first
+    assert sized.grpo.reward == "game" != TrainConfig().grpo.reward
+    gpu = TrainConfig.from_flags(**hub_cpu_defaults(given, cuda=True))
+    assert gpu.grpo.reward == gpu.task().rewards[0]
+    chosen = TrainConfig.from_flags(**hub_cpu_defaults({**given, "reward": "best"}, cuda=False))
+    assert chosen.grpo.reward == "best"  # a flag overrides it
+    # a task of your own without per-turn rewards, or without that reward, trains as GRPO does
+    # on its own reward, and is not refused for it
     monkeypatch.syspath_prepend(os.path.dirname(__file__))  # letter_task.py, beside this file
     single_turn = hub_cpu_defaults({**given, "task": "letter_task:TASK"}, cuda=False)
-    assert "turn_credit" not in single_turn
+    assert "turn_credit" not in single_turn and "reward" not in single_turn
     assert TrainConfig.from_flags(**single_turn).task().name == "letter"
     lora = TrainConfig.from_flags(**hub_cpu_defaults({**given, "adapter": "lora"}, cuda=False))
     assert (
@@ -241,10 +248,10 @@ def test_the_warm_starts_turns_reach_its_settings_and_a_bad_count_stops_the_run(
     from trainer.task.hub_warm_start import HubWarmStartConfig
     from trainer.task.wordle import hub_config
 
-    default = hub_config(TrainConfig.from_flags(model="some/model").run, 96)
-    assert default == HubWarmStartConfig(games=96)  # the measured default, its cache key kept
-    whole = hub_config(from_args(["--model", "m", "--hub-warm-start-turns", "6"]).run, 96)
-    assert (whole.turns, whole.games) == (6, 96)
+    default = hub_config(TrainConfig.from_flags(model="some/model").run, 128)
+    assert default == HubWarmStartConfig(games=128, turns=6)  # whole games: the learning runs'
+    first = hub_config(from_args(["--model", "m", "--hub-warm-start-turns", "3"]).run, 96)
+    assert (first.turns, first.games) == (3, 96)
     for bad in (["--hub-warm-start-turns", "0"], ["--hub-warm-start-games", "-1"]):
         with pytest.raises(SystemExit):
             from_args(["--model", "m", *bad])
@@ -321,6 +328,7 @@ def test_the_settings_the_model_chose_are_named_once(env, caplog):
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("settings")]
     assert "Qwen/Qwen3-0.6B without CUDA (HUB_CPU_DEFAULTS)" in line
     assert "--num-generations 4" in line and "--learning-rate 6e-05" in line
+    assert "--reward game" in line
     assert "--token-budget" not in line  # given by the user
 
 
