@@ -155,6 +155,25 @@ def test_the_shared_prompt_forward_equals_the_full_forward(tool_model, tokenizer
             torch.testing.assert_close(shared[r, : lengths[r]], full, atol=2e-4, rtol=1e-4)
 
 
+def test_the_warm_starts_cache_follows_its_sft_set_not_the_task_files(tool_model):
+    """The cache key hashes the SFT set itself: the same games give the same key (an edit to the
+    task that leaves them as they were keeps the cache), one token changed or a game cut
+    elsewhere gives another."""
+    from transformers import AutoTokenizer
+
+    from trainer.task.hub_warm_start import _key
+
+    tokenizer = AutoTokenizer.from_pretrained(tool_model)
+    cfg = HubWarmStartConfig(games=2, turns=1)
+    seqs = encoded_games(cfg, tokenizer)
+    assert _key(tool_model, cfg, seqs) == _key(tool_model, cfg, encoded_games(cfg, tokenizer))
+    ids, mask, soft = seqs[0]
+    edited = [([*ids[:-1], ids[-1] + 1], mask, soft), *seqs[1:]]
+    assert _key(tool_model, cfg, edited) != _key(tool_model, cfg, seqs)
+    longer = HubWarmStartConfig(games=2, turns=2)
+    assert _key(tool_model, longer, encoded_games(longer, tokenizer)) != _key(tool_model, cfg, seqs)
+
+
 def test_the_warm_start_is_built_once_in_bf16_with_the_tool_template(tool_model, tmp_path):
     import json
 
