@@ -93,16 +93,16 @@ log = logging.getLogger("trainer")
 # step), 128 held-out games before and after (the paired SE ~0.013) and 32 every 10 steps,
 # turn-level credit (run L7: held-out valid guesses 0.47 -> 0.73 in 40 steps, where without it
 # they reached 0.54), and the game's own reward (``--reward game``, where the task pays it): run
-# G2 raised the held-out game's reward +0.058 +- 0.0068 (z 8.5) and valid guesses 0.47 -> 1.00,
-# where the best row's (``best``, L8-L10) reached z 2.7, 1.9 and -0.1. What G2 learned is a valid,
-# strong opening word and a stop, not reading the board; its policy settled by step 20 and began to
-# drift at step 39 (KL 0.13 at 40), so the run is 30 steps.
+# G2 raised the held-out game's reward +0.058 +- 0.0068 (z 8.5) and valid guesses 0.47 -> 1.00
+# in 40 steps, where the best row's (``best``, L8-L10) reached z 2.7, 1.9 and -0.1. What G2 learned
+# is a valid, strong opening word and a stop, not reading the board; the same recipe stopped at 30
+# steps (V1) was still learning when to stop (+0.017 +- 0.013), so the run is 40 steps.
 HUB_CPU_DEFAULTS = {
     "num_generations": 4,
     "per_device_train_batch_size": 8,
     "token_budget": 6144,
     "autocast": True,
-    "max_steps": 30,
+    "max_steps": 40,
     "eval_episodes": 128,
     "eval_every": 10,
     "eval_curve_episodes": 32,
