@@ -65,10 +65,10 @@ class RunSettings:
         task: the environment trained on (``trainer.task.base.load_task``): ``wordle``, or
             ``package.module:NAME`` naming your own ``trainer.task.base.Task``.
         hub_warm_start_games: teacher games a hub model (or model folder) is fine-tuned on before
-            GRPO (``trainer.task.hub_warm_start``; cut to ``hub_warm_start_turns`` calls; 0: none). None:
-            ``HUB_WARM_START_GAMES`` when the model's chat template has no tools (it has never
-            been shown one: SmolLM2-135M-Instruct wrote 0 parsable calls in 512 games), else 0
-            (Qwen3 keeps its own tool calling).
+            GRPO (``trainer.task.hub_warm_start``; each cut to ``hub_warm_start_turns`` calls; 0:
+            none). None: ``HUB_WARM_START_GAMES`` when the model's chat template has no tools (it
+            has never been shown one: SmolLM2-135M-Instruct wrote 0 parsable calls in 512 games),
+            else 0 (Qwen3 keeps its own tool calling).
         hub_warm_start_turns: calls kept of each teacher game in that warm start (the game is cut
             after the tool reply of the last one; ``HubWarmStartConfig.turns``, part of its cache
             key). 6 (the default): whole games (~1,000 tokens; 128 games took ~600 s of SFT alone
