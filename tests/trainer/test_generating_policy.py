@@ -78,9 +78,24 @@ def run(tmp_path_factory):
 
 
 def _model_with(run, v):
-    model = AutoModelForCausalLM.from_config(run.config)
+    model = AutoModelForCausalLM.from_config(run.config, dtype=torch.float32)
     model.load_state_dict(run.weights[v], strict=False)
     return model.eval()
+
+
+def test_a_versions_model_computes_in_float32_whatever_its_config_says(run):
+    """The tiny model's config says bf16 (as SmolLM2's and Qwen3's do) and transformers 5 builds
+    in it; the version's model is float32 anyway, so its scores are the same function on a CPU
+    with native bf16 (AVX-512 BF16, AMX) and on one that emulates it (AVX2): found on an AVX2
+    machine, where the bf16 forward differed from a padded one by 3e-3."""
+    assert run.config.dtype == torch.bfloat16
+    assert AutoModelForCausalLM.from_config(run.config).dtype == torch.bfloat16  # the trap
+    model = run.policy.model_at(1)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    # and its weights are the published bf16 bits, upcast exactly
+    for n, p in model.named_parameters():
+        if n in run.weights[1]:
+            assert torch.equal(p.detach(), run.weights[1][n]), n
 
 
 def test_log_probs_come_from_each_turns_own_version(run):
@@ -239,7 +254,8 @@ def test_queued_samples_are_corrected_together_and_handed_out_in_order(run):
         current,
         lambda: 2,
     ).get()
-    assert got[0].advantage == one.advantage  # corrected as a sample alone would be
+    # corrected as a sample alone would be (a batched float32 forward: up to summation order)
+    assert got[0].advantage == pytest.approx(one.advantage, rel=1e-5)
     np.testing.assert_allclose(got[0].old_log_probs, one.old_log_probs, rtol=0, atol=1e-5)
 
 
@@ -251,7 +267,7 @@ def test_the_current_policy_is_scored_under_trls_tree_attention(run):
 
     register_tree_attention()
     plain = _model_with(run, 2)
-    trained = AutoModelForCausalLM.from_config(copy.deepcopy(run.config))  # its own config
+    trained = AutoModelForCausalLM.from_config(copy.deepcopy(run.config), dtype=torch.float32)
     trained.load_state_dict(run.weights[2], strict=False)
     trained.set_attn_implementation(TREE_ATTENTION)
     trained.train()
@@ -327,6 +343,6 @@ def test_a_tied_model_is_rebuilt_without_its_unpublished_lm_head(tmp_path):
     policy = GeneratingPolicy(lambda: AutoModelForCausalLM.from_config(config), history)
     got = policy.log_probs(IDS, np.arange(10) * 0)
     bf16 = {n: p.detach().to(torch.bfloat16).float() for n, p in model.named_parameters()}
-    want = AutoModelForCausalLM.from_config(config)
+    want = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     want.load_state_dict(bf16, strict=False)
     close(got[1:], token_log_probs(want.eval(), IDS)[1:])

@@ -64,8 +64,10 @@ def batch_log_probs(
     scored go through the LM head (``model.get_output_embeddings()`` on the decoder's last
     hidden state, ``LOGITS_BUDGET_BYTES`` of logits at a time), as TRL's own loss scores only the
     trained positions: in a Wordle episode ~89% of the positions are prompt and tool text. This
-    is the logits of causal LMs whose head is that linear map (Qwen, Llama, SmolLM2, Mistral);
-    the values equal a whole forward's up to float32 summation order (about 1e-6).
+    is the logits of causal LMs whose head is that linear map (Qwen, Llama, SmolLM2, Mistral).
+    The forward runs in the model's dtype: for a float32 model (``GeneratingPolicy``'s) the
+    values equal a whole forward's up to float32 summation order (about 1e-6); a bf16 model's
+    padded and unpadded forwards differ by up to ~1e-2 where bf16 is emulated (AVX2).
 
     Args:
         model: a causal LM (``get_decoder()``, ``get_output_embeddings()``).
@@ -156,6 +158,13 @@ class GeneratingPolicy:
     def model_at(self, version: int) -> torch.nn.Module:
         """The model with the weights of ``version`` (bf16 as published, computed in float32).
 
+        float32 on purpose, whatever dtype ``build_model`` gives (transformers 5 builds a model
+        in its config's dtype, bf16 for most checkpoints): the published bf16 values upcast
+        exactly, and a float32 forward is the same function on every processor, while bf16
+        matmuls differ between ISAs (native AVX-512 BF16 / AMX against emulation on AVX2) by
+        up to ~1e-2 in a log-probability. The replica's own numbers are not reproduced: vLLM's
+        kernels differ from a plain forward in any dtype.
+
         Raises:
             deltasync.errors.VersionNotKeptError: the history cannot rebuild ``version``.
         """
@@ -169,7 +178,7 @@ class GeneratingPolicy:
                 self.history.update()
             bits = self.history.weights_at(version)
             model = self._built.popitem(last=False)[1] if len(self._built) >= self.models else None
-            model = model if model is not None else self.build_model()
+            model = model if model is not None else self.build_model().to(torch.float32)
             state = {n: from_bf16_bits(np.array(b)).float() for n, b in bits.items()}
             missing, unexpected = model.load_state_dict(state, strict=False)
             if unexpected or any(not _tied(n) for n in missing):
@@ -422,7 +431,9 @@ def correction_for(trainer, grpo, model_path: str, publisher, turns_fn) -> OffPo
     config = AutoConfig.from_pretrained(model_path)
     model = trainer.accelerator.unwrap_model(trainer.model)
     device = next(model.parameters()).device  # the versions' models run where training does
-    policy = GeneratingPolicy(lambda: AutoModelForCausalLM.from_config(config).to(device), history)
+    policy = GeneratingPolicy(
+        lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device), history
+    )
 
     def newest() -> int | None:
         return publisher.newest_published
