@@ -40,6 +40,16 @@ class ManifestError(DeltaSyncError):
     """The bucket's manifest is missing, unparsable or inconsistent."""
 
 
+class StaleManifestError(ManifestError):
+    """A manifest whose newest version is older than one a reader saw before (a stale read
+    from a cache in front of the store, or an old manifest written back): ignored, never
+    followed backward."""
+
+
+class ForeignRunError(ManifestError):
+    """A manifest of another run (another ``run_id``) where a reader follows one run: refused."""
+
+
 class ConcurrentWriterError(DeltaSyncError):
     """Another trainer holds (or took over) the run's writer lease."""
 

@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from .errors import (
     BaseVersionMismatch,
     DeltaCorruptError,
+    ForeignRunError,
     ManifestError,
     ModelMismatchError,
+    StaleManifestError,
     StoreAccessError,
     StoreError,
     StoreNotFoundError,
@@ -149,7 +151,10 @@ class Follower:
 
     Attributes:
         newest_seen, newest_published_at: the manifest's newest version and its commit time
-            (unix s) at the last poll that read one.
+            (unix s) at the last poll that read one. Never move backward: a manifest older than
+            ``newest_seen`` or the held version (``StaleManifestError``) or of another
+            ``run_id`` than the first one read (``ForeignRunError``) is ignored and reported.
+        run_id: the run followed (None before the first manifest).
         refused: payloads refused or found gone, ``(kind, version, file digests) -> reason``.
         stuck: why no verified path to the newest version exists (None when one does).
         failed: the last poll ended in a reported error before anything verified.
@@ -196,6 +201,7 @@ class Follower:
         self.lock = threading.RLock()
         self.feed = None
         self._lagging = False  # the last poll held back on purpose (sync_every)
+        self.run_id: str | None = None  # the run followed: set by the first manifest read
 
     @property
     def local(self) -> bool:
@@ -235,6 +241,11 @@ class Follower:
             if manifest is None or manifest.latest is None:
                 self._backoff()
                 return None
+            refused = self._refuse_backward(manifest)
+            if refused is not None:
+                self._backoff()
+                return self._fail(refused, "manifest ignored")
+            self.run_id = manifest.run_id
             if manifest.latest.version != self.newest_seen:
                 self.delay_s = self.poll_interval_s  # something moved: poll at the fastest
                 self._newest_since = self.clock()
@@ -279,6 +290,27 @@ class Follower:
             with self.lock:
                 yield self.poll()
             (wake or stop).wait(wait_s() if wait_s is not None else self.wait_s())
+
+    def _refuse_backward(self, manifest: Manifest) -> ManifestError | None:
+        """Why ``manifest`` must not be followed, or None: another run's, or older than what
+        was seen or is held (versions only move forward; a trainer's restart continues the
+        numbering, so only a stale read or a replay goes back)."""
+        if self.run_id is not None and manifest.run_id != self.run_id:
+            return ForeignRunError(
+                f"{self.store.uri}/manifest.json: expected run {self.run_id!r}, found run "
+                f"{manifest.run_id!r}; a new run on this prefix needs a new reader (restart the "
+                "replica) or another prefix"
+            )
+        floor = max(
+            (v for v in (self.newest_seen, self.held.version) if v is not None), default=None
+        )
+        if floor is not None and manifest.latest.version < floor:
+            return StaleManifestError(
+                f"{self.store.uri}/manifest.json: expected a newest version of at least v{floor} "
+                f"(seen before), found v{manifest.latest.version}; a stale read or an old "
+                f"manifest written back: keeping v{self.held.version}"
+            )
+        return None
 
     def _lagging_on_purpose(self) -> bool:
         """Whether the forced lag (``sync_every``) keeps the held version for now."""

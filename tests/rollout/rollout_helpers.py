@@ -116,6 +116,9 @@ class FakeEngine:
         self.applies: list[tuple[str, list[str]]] = []
         self.fail_next = 0
         self.fail_pause = 0  # pauses that answer an error (nothing applied)
+        self.fail_set_version = 0  # version records that answer an error (weights applied)
+        self.fail_resume = 0  # resumes that answer an error (still paused)
+        self.fail_reset = 0  # prefix cache resets that answer an error
         self.pauses = 0
 
     def describe(self) -> dict:
@@ -160,12 +163,26 @@ class FakeEngine:
         self.pauses += 1
 
     def resume(self) -> None:
+        if self.fail_resume:
+            self.fail_resume -= 1
+            raise EngineControlError("POST /resume: expected 2xx, found 500: injected")
         self.paused = False
 
     def set_version(self, version: int) -> None:
+        if self.fail_set_version:
+            self.fail_set_version -= 1
+            raise EngineControlError("POST /update_weight_version: expected 2xx: injected")
         self.version = str(version)
 
+    def weight_checksums(self) -> dict[str, str]:
+        import hashlib
+
+        return {n: hashlib.sha256(a.tobytes()).hexdigest() for n, a in self.weights.items()}
+
     def reset_prefix_cache(self) -> bool:
+        if self.fail_reset:
+            self.fail_reset -= 1
+            raise EngineControlError("POST /reset_prefix_cache: expected 2xx: injected")
         return True
 
 

@@ -140,7 +140,8 @@ def stage_pull(
     path: str,
 ) -> Staged:
     """Write the staging file at ``path`` that brings vLLM from ``served_version`` to
-    ``held.version`` (``held`` already holds the pulled steps).
+    ``held.version`` (``held`` already holds the pulled steps): the pull's patches when it starts
+    at ``served_version``, else whole tensors of every module.
 
     Args:
         pulled: what the poll verified.
@@ -158,7 +159,11 @@ def stage_pull(
     version = held.version
     anchored = pulled.kind == "anchor"
     names = list(held.tensors)
-    onto_served = not anchored and served_version is not None
+    # Patches go onto what vLLM serves only when the pull starts there; any other start (a
+    # stage that failed before and was not kept, a caller's mistake) reloads every tensor.
+    onto_served = (
+        not anchored and served_version is not None and pulled.plan.from_version == served_version
+    )
     if apply_path == "in-place" and onto_served:
         merged = merge_patches(held, pulled.applied)
         if not any(_is_nan_bits(p.values) for p in merged):

@@ -30,7 +30,13 @@ Faults: a payload that fails verification (digest, parse, wrong base) is refused
 is paused; the replica keeps serving the version it has, reports the error in its heartbeat,
 remembers the payload as bad, and re-plans around it (re-anchoring once a newer anchor exists).
 If the apply inside vLLM fails, vLLM's weights are unknown: generation stays paused (and the front
-answers 503) until every tensor has been reloaded from the verified CPU copy.
+answers 503) until every tensor has been reloaded from the verified CPU copy. ``served_version`` is
+the version whose every tensor vLLM holds, apart from ``held`` (what is verified in memory): a
+staging step that fails (disk full) touches nothing in vLLM, so the pull is kept and the next stage
+goes from the served version (its patches and any later ones); a failed ``set_version`` or
+``resume`` leaves the replica not ready (paused, status ``recovering``) until a full reload, its
+version record and a resume all answer. A manifest older than the newest seen (a stale read, a
+replay) or of another run is ignored and reported (``deltasync.follow``).
 
 LoRA replicas (``adapter``): manifests are checked first (``rollout.lora.check_run``); each verified
 version is loaded under a new name with no pause (``rollout.lora_load``; ``paused_s`` 0); a failed
@@ -87,6 +93,8 @@ class SyncLoop:
         sync_every: the follower's forced lag (``SYNC_EVERY``; ``deltasync.follow.Follower``).
         follow_events: on an ``hf://`` bucket, follow its event feed from ``start`` on and poll
             when the manifest changes (``deltasync.hub_events``); False: poll only.
+        check_interval_s: seconds between full-weights checks of what vLLM serves
+            (:meth:`check_served`, a pause as long as a full reload); 0: never on a schedule.
 
     Raises (from ``start``/``connect``):
         rollout.apply_plan.UnsupportedModelError: the served model cannot take exact bf16 updates
@@ -112,8 +120,13 @@ class SyncLoop:
         adapter: AdapterTarget | None = None,
         sync_every: int = 1,
         follow_events: bool = True,
+        check_interval_s: float = 0.0,
     ):
         self.follow_events = follow_events
+        self.clock = clock
+        self.check_interval_s = check_interval_s
+        self._checked_at = clock()
+        self.checks: list[dict] = []  # the last full-weights checks (check_served's results)
         self.follower = Follower(
             CheckedSubscriber(bucket, adapter),
             poll_interval_s=poll_interval_s,
@@ -306,6 +319,8 @@ class SyncLoop:
             self._retry_prefix_reset()
             if self.newest_seen is not None:
                 self._set_state(SyncState.OK)
+            if self.check_interval_s and self.clock() - self._checked_at >= self.check_interval_s:
+                self.check_served()
             self._heartbeat()
             return None
         whole = pulled.plan.from_version is None  # a first version or a re-anchor
@@ -314,9 +329,17 @@ class SyncLoop:
             return self._load_adapter(pulled)
         assert self.info is not None
         path = os.path.join(self.stage_dir, f"{self.replica_id}-v{self.held.version}.safetensors")
-        staged = stage_pull(
-            pulled, self.held, self.info, self.apply_path, self.served_version, path
-        )
+        try:
+            staged = stage_pull(
+                pulled, self.held, self.info, self.apply_path, self.served_version, path
+            )
+        except (OSError, ValueError) as e:  # disk full, a lost folder: nothing reached vLLM
+            # held is at the pulled version, vLLM still at served_version: keep the pull, so
+            # the next stage goes from what is served (its patches and any later ones)
+            self._unserved = pulled
+            unlink_stage(path)
+            self._report(e, f"staging v{self.held.version} failed; serving v{self.served_version}")
+            return None
         return self._apply(staged)
 
     def _apply(self, p: Staged) -> SyncRecord | None:
@@ -343,9 +366,19 @@ class SyncLoop:
             unlink_stage(p.path)
         try:
             self.engine.set_version(version)
-            self._prefix_reset_pending = not self.engine.reset_prefix_cache()
-        finally:
+        except EngineControlError as e:  # the weights are new, the version vLLM reports is not
+            self.dirty = True
+            self._report(e, f"recording v{version} failed; paused for a full reload")
+            self._recover_full()
+            return None
+        self._reset_prefixes()
+        try:
             self.engine.resume()
+        except EngineControlError as e:  # still paused: not ready until a resume answers
+            self.dirty = True
+            self._report(e, f"resume after v{version} failed; paused for a full reload")
+            self._recover_full()
+            return None
         paused_s = time.perf_counter() - t_pause
         rec = p.pulled.record(paused_s, apply_s, p.mode, extra_decode_s=p.stage_s)
         return self._served(rec, p.from_version, p.stage_s, p.tensors)
@@ -399,11 +432,12 @@ class SyncLoop:
                 dense=dict(self.held.tensors),
                 refresh_lm_head=self.info.tie_word_embeddings,
             )
+            self.engine.pause("keep")  # paused already, unless a failed resume did resume
             self.engine.apply(path, "reload")
             self.engine.set_version(version)
-            self._prefix_reset_pending = not self.engine.reset_prefix_cache()
+            self._reset_prefixes()
             self.engine.resume()
-        except EngineControlError as e:  # _report: state recovering (still dirty)
+        except (EngineControlError, OSError, ValueError) as e:  # _report: recovering (dirty)
             self._report(e, f"full reload of v{version} failed; generation stays paused")
             return
         finally:
@@ -413,6 +447,83 @@ class SyncLoop:
         self._set_state(SyncState.OK if version == self.newest_seen else SyncState.SYNCING)
         log.warning("recovered: full reload of v%d applied; generation resumed", version)
         self._heartbeat(force=True)
+
+    def _reset_prefixes(self) -> None:
+        """Drop cached prefixes of the old weights; a refusal or a failed call is retried at
+        the next poll (``_retry_prefix_reset``), never fatal."""
+        try:
+            self._prefix_reset_pending = not self.engine.reset_prefix_cache()
+        except EngineControlError as e:
+            self._prefix_reset_pending = True
+            log.warning("prefix cache reset failed (retried at the next poll): %s", e)
+
+    def check_served(self) -> dict | None:
+        """Check every tensor vLLM serves against the verified bits of the version it reports.
+
+        vLLM's checksums (``Engine.weight_checksums``: sha256 of each parameter after vLLM's
+        weight processing) are taken while it serves, then, inside one pause, every tensor is
+        reloaded from the CPU copy (``held``, whose every tensor matched the manifest's xxh3
+        digests) and the checksums are taken again. Equal checksums prove that what was served
+        is the version, bit for bit, in every parameter (not only those a patch touched); a
+        difference is reported (status ``error``, ``last_error`` naming the parameters) and is
+        repaired by the same reload. The pause is as long as a full reload (docs/BENCHMARKS.md).
+        Runs on the follower's lock, so no sync moves the weights in between; a LoRA replica,
+        or one not serving its held version, is not checked (None).
+
+        Returns:
+            ``{"version", "parameters", "mismatched" (names), "paused_s", "checksum_s"}``.
+        """
+        with self.follower.lock:
+            self._checked_at = self.clock()
+            if self.lora is not None or not self.ready or self.held.version != self.served_version:
+                return None
+            version = self.served_version
+            t0 = time.perf_counter()
+            try:
+                before = self.engine.weight_checksums()
+            except EngineControlError as e:
+                self._report(e, f"full-weights check of v{version}: checksums failed")
+                return None
+            checksum_s = time.perf_counter() - t0
+            t_pause = time.perf_counter()
+            self.dirty = True  # from here on the weights are proven again only by the reload
+            self._recover_full()
+            if self.dirty:
+                return None  # reported by _recover_full: paused until a reload succeeds
+            try:
+                after = self.engine.weight_checksums()
+            except EngineControlError as e:
+                self._report(e, f"full-weights check of v{version}: checksums failed")
+                return None
+            paused_s = time.perf_counter() - t_pause
+            wrong = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+            out = {
+                "version": version,
+                "parameters": len(after),
+                "mismatched": wrong,
+                "paused_s": round(paused_s, 6),
+                "checksum_s": round(checksum_s, 6),
+            }
+            self.checks = [*self.checks[-9:], out]
+            if wrong:
+                self._report(
+                    RuntimeError(
+                        f"served weights of v{version} differed from its verified bits in "
+                        f"{len(wrong)} of {len(after)} parameters {wrong[:3]}; repaired by a full "
+                        "reload"
+                    ),
+                    "full-weights check",
+                )
+            else:
+                log.info(
+                    "check v%d: %d parameters equal a full reload of the verified bits "
+                    "(checksums %.3fs, paused %.3fs)",
+                    version,
+                    len(after),
+                    checksum_s,
+                    paused_s,
+                )
+            return out
 
     def _retry_prefix_reset(self) -> None:
         if self._prefix_reset_pending:
