@@ -119,6 +119,7 @@ class FakeEngine:
         self.fail_set_version = 0  # version records that answer an error (weights applied)
         self.fail_resume = 0  # resumes that answer an error (still paused)
         self.fail_reset = 0  # prefix cache resets that answer an error
+        self.readbacks = 0  # full-weights checks read
         self.pauses = 0
 
     def describe(self) -> dict:
@@ -174,10 +175,11 @@ class FakeEngine:
             raise EngineControlError("POST /update_weight_version: expected 2xx: injected")
         self.version = str(version)
 
-    def weight_checksums(self) -> dict[str, str]:
-        import hashlib
+    def served_digests(self) -> dict[str, str]:
+        from deltasync.bf16 import digest
 
-        return {n: hashlib.sha256(a.tobytes()).hexdigest() for n, a in self.weights.items()}
+        self.readbacks += 1
+        return {n: digest(a) for n, a in self.weights.items()}
 
     def reset_prefix_cache(self) -> bool:
         if self.fail_reset:

@@ -21,6 +21,7 @@ from .test_sync_loop import assert_exact, make, serving
 
 DOWN = "model.layers.0.mlp.down_proj.weight"
 NORM = "model.norm.weight"
+Q = "model.layers.0.self_attn.q_proj.weight"  # changed by v1 (rollout_helpers.EDITS[0])
 
 
 @pytest.fixture
@@ -192,19 +193,22 @@ def test_a_replica_that_starts_after_faults_serves_the_newest_version_whole(
 def test_the_full_weights_check_finds_a_wrong_tensor_no_patch_touched_and_repairs_it(
     tiny_model_dir, bucket, tmp_path
 ):
-    """A served tensor goes wrong behind the sync's back (the worker's own check covers only the
-    tensors in a patch): the check compares every parameter's checksum before and after a
-    reload from the verified bits, names the parameter, repairs it, and a clean check follows."""
+    """A served tensor goes wrong behind the sync's back (the worker's own in-place check covers
+    only the tensors in a patch): the check compares every served tensor's digest with the
+    version's verified digests, names the tensor, repairs it by a full reload, and a clean check
+    follows."""
     tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 2)
     first = loop.check_served()
-    assert first["mismatched"] == [] and first["parameters"] == len(tr.bits)
+    assert first["mismatched"] == [] and first["tensors"] == len(tr.bits)
     assert loop.status == "ok"
+    pauses = eng.pauses
     eng.weights[DOWN] = eng.weights[DOWN].copy()
     eng.weights[DOWN].reshape(-1)[7] ^= np.uint16(1)  # one bit of one element
     out = loop.check_served()
-    assert out["mismatched"] == [DOWN] and out["version"] == 2
-    assert loop.status == "error" and DOWN in loop.last_error
-    assert "differed" in heartbeat(loop)["last_error"]
+    assert out["mismatched"] == [DOWN] and out["version"] == 2 and out["repaired"]
+    assert eng.pauses == pauses + 1  # the repair's pause; the check itself pauses nothing
+    assert DOWN in loop.last_error and loop.errors == 1  # said, and repaired: status ok
+    assert loop.status == "ok" and "differ" in heartbeat(loop)["last_error"]
     assert_exact(eng, loop, tr, 2)  # repaired
     assert loop.check_served()["mismatched"] == []
     loop.poll_once()
@@ -212,14 +216,44 @@ def test_the_full_weights_check_finds_a_wrong_tensor_no_patch_touched_and_repair
     tr.close()
 
 
+def test_a_recovery_is_checked_and_a_reload_that_does_not_serve_the_bits_stays_paused(
+    tiny_model_dir, bucket, tmp_path, monkeypatch
+):
+    """After a full reload the check runs at once; an engine whose reload leaves a wrong tensor
+    (here: one reload that skips a tensor) is not ready and stays paused until a reload that
+    serves the bits."""
+    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path)
+    v = tr.publish_many(1)
+    eng.fail_next = 1  # the apply fails: a full reload follows
+    real_apply, skipped = eng.apply, []
+
+    def lossy_apply(path, mode):
+        got = real_apply(path, mode)
+        if mode == "reload" and len(eng.applies[-1][1]) == len(tr.bits) and not skipped:
+            skipped.append(Q)
+            eng.weights[Q] = tr.versions[0][Q].copy()  # one tensor v1 changed left at v0
+        return got
+
+    monkeypatch.setattr(eng, "apply", lossy_apply)
+    reads = eng.readbacks
+    assert loop.poll_once() is None
+    assert eng.readbacks == reads + 1 and skipped == [Q]
+    assert not loop.ready and eng.paused and Q in loop.last_error
+    assert loop.served_version == 0  # never reported as v1 while a tensor is not v1's
+    assert heartbeat(loop)["status"] == "recovering"
+    loop.poll_once()  # the next full reload serves the bits; checked again
+    assert loop.ready and not eng.paused and eng.readbacks == reads + 2
+    assert_exact(eng, loop, tr, v)
+    tr.close()
+
+
 def test_the_check_runs_on_its_schedule(tiny_model_dir, bucket, tmp_path):
     """``check_interval_s``: a poll that finds nothing new checks once the interval passed."""
-    now = [0.0]
-    tr = Trainer(tiny_model_dir, bucket)
-    shapes = {n: a.shape for n, a in tr.bits.items()}
-    eng = FakeEngine(shapes)
     from rollout.sync_loop import SyncLoop
 
+    now = [0.0]
+    tr = Trainer(tiny_model_dir, bucket)
+    eng = FakeEngine({n: a.shape for n, a in tr.bits.items()})
     loop = SyncLoop(
         bucket,
         eng,

@@ -2,8 +2,8 @@
 
 ``VLLMControl`` is what the sync loop drives: ``pause(mode=keep)``, ``apply`` (a worker-extension
 call through ``/collective_rpc``), ``set_version`` (``/update_weight_version``, read back by
-``GET /weight_info``), ``reset_prefix_cache``, ``resume`` and ``weight_checksums`` (vLLM's
-``/weight_checker``); on a LoRA replica
+``GET /weight_info``), ``reset_prefix_cache``, ``resume`` and ``served_digests`` (the
+full-weights check); on a LoRA replica
 ``load_lora`` / ``unload_lora`` (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, served
 with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) and ``lora_adapters``. Every call raises
 ``EngineControlError`` on a non-2xx answer or a transport failure; none is retried here.
@@ -30,7 +30,7 @@ class Engine(Protocol):
     def resume(self) -> None: ...
     def set_version(self, version: int) -> None: ...
     def reset_prefix_cache(self) -> bool: ...
-    def weight_checksums(self) -> dict[str, str]: ...
+    def served_digests(self) -> dict[str, str]: ...
 
 
 class VLLMControl:
@@ -109,14 +109,12 @@ class VLLMControl:
         requests (e.g. ones frozen by a keep-pause); the sync loop retries later."""
         return bool(self._call("POST", "/reset_prefix_cache").json().get("success", False))
 
-    def weight_checksums(self) -> dict[str, str]:
-        """{vLLM parameter (per worker rank): sha256 of its bytes as the engine holds them}:
-        vLLM's own ``POST /weight_checker`` (``action=checksum``), after vLLM's weight
-        processing (fused shards, the CPU build's GEMM repacking), so comparable only with
-        checksums of the same engine."""
-        return dict(
-            self._call("POST", "/weight_checker", json={"action": "checksum"}).json()["checksums"]
-        )
+    def served_digests(self) -> dict[str, str]:
+        """{checkpoint tensor: xxh3-64 of its bf16 bits as the engine computes with it}
+        (``rollout.worker_apply.served_digests``, one worker). vLLM's own ``/weight_checker``
+        checksums its parameters, which on the CPU build are empty once the GEMM weights are
+        packed into oneDNN / SGL handles; this reads every linear weight back through its kernel."""
+        return dict(self.rpc("deltasync_served_digests")[0]["digests"])
 
     def lora_adapters(self) -> list[str]:
         """Names of the LoRA adapters vLLM has loaded (its ``/v1/models`` cards with a parent)."""

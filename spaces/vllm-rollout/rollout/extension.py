@@ -70,3 +70,10 @@ class DeltaSyncExtension:
             raise ValueError(f"expected mode 'reload' or 'in-place', found {mode!r}")
         log.info("deltasync apply %s v%s: %s", mode, out["version"], out)
         return out
+
+    def deltasync_served_digests(self) -> dict:
+        """Digests of every checkpoint tensor as the engine computes with it
+        (``rollout.worker_apply.served_digests``)."""
+        from .worker_apply import served_digests
+
+        return served_digests(self)

@@ -94,7 +94,7 @@ class SyncLoop:
         follow_events: on an ``hf://`` bucket, follow its event feed from ``start`` on and poll
             when the manifest changes (``deltasync.hub_events``); False: poll only.
         check_interval_s: seconds between full-weights checks of what vLLM serves
-            (:meth:`check_served`, a pause as long as a full reload); 0: never on a schedule.
+            (:meth:`check_served`; no pause); 0: never on a schedule (still after a recovery).
 
     Raises (from ``start``/``connect``):
         rollout.apply_plan.UnsupportedModelError: the served model cannot take exact bf16 updates
@@ -418,8 +418,9 @@ class SyncLoop:
         self._heartbeat(force=True)
         return rec
 
-    def _recover_full(self) -> None:
-        """Reload every tensor from the verified CPU copy while generation stays paused."""
+    def _recover_full(self, check: bool = True) -> None:
+        """Reload every tensor from the verified CPU copy while generation stays paused, then
+        (``check``) run the full-weights check on what it serves (:meth:`check_served`)."""
         if self.held.version is None or self.info is None:
             return
         version = self.held.version
@@ -435,6 +436,13 @@ class SyncLoop:
             self.engine.pause("keep")  # paused already, unless a failed resume did resume
             self.engine.apply(path, "reload")
             self.engine.set_version(version)
+            # proven, not assumed: a reload that does not serve the bits stays paused
+            wrong = self._mismatched()[0] if check and self.lora is None else []
+            if wrong:
+                raise EngineControlError(
+                    f"the full reload of v{version} does not serve its verified digests in "
+                    f"{len(wrong)} tensors {wrong[:3]}"
+                )
             self._reset_prefixes()
             self.engine.resume()
         except (EngineControlError, OSError, ValueError) as e:  # _report: recovering (dirty)
@@ -445,8 +453,20 @@ class SyncLoop:
         self.dirty = False
         self.served_version = version
         self._set_state(SyncState.OK if version == self.newest_seen else SyncState.SYNCING)
-        log.warning("recovered: full reload of v%d applied; generation resumed", version)
+        log.warning("recovered: full reload of v%d applied and checked; resumed", version)
         self._heartbeat(force=True)
+
+    def _mismatched(self) -> tuple[list[str], float]:
+        """The held tensors whose digest differs from what the engine serves, and the seconds
+        the read-back took (``Engine.served_digests``).
+
+        Raises:
+            EngineControlError: the read-back failed.
+        """
+        t0 = time.perf_counter()
+        served = self.engine.served_digests()
+        want = self.held.digests
+        return sorted(n for n in want if served.get(n) != want[n]), time.perf_counter() - t0
 
     def _reset_prefixes(self) -> None:
         """Drop cached prefixes of the old weights; a refusal or a failed call is retried at
@@ -458,71 +478,56 @@ class SyncLoop:
             log.warning("prefix cache reset failed (retried at the next poll): %s", e)
 
     def check_served(self) -> dict | None:
-        """Check every tensor vLLM serves against the verified bits of the version it reports.
+        """Check every tensor vLLM serves against the verified digests of the version it reports.
 
-        vLLM's checksums (``Engine.weight_checksums``: sha256 of each parameter after vLLM's
-        weight processing) are taken while it serves, then, inside one pause, every tensor is
-        reloaded from the CPU copy (``held``, whose every tensor matched the manifest's xxh3
-        digests) and the checksums are taken again. Equal checksums prove that what was served
-        is the version, bit for bit, in every parameter (not only those a patch touched); a
-        difference is reported (status ``error``, ``last_error`` naming the parameters) and is
-        repaired by the same reload. The pause is as long as a full reload (docs/BENCHMARKS.md).
-        Runs on the follower's lock, so no sync moves the weights in between; a LoRA replica,
-        or one not serving its held version, is not checked (None).
+        The worker reads each checkpoint tensor back from what the engine computes with
+        (``Engine.served_digests``: linear weights through their own kernel, fused shards split,
+        norms and embeddings as they are) and digests its bf16 bits; each must equal the digest
+        the version's payloads carry (``held.digests``, checked when the version was verified).
+        Every tensor is checked, not only those a patch touched, with no pause: the follower's
+        lock keeps any sync from moving the weights meanwhile. A difference is reported (status
+        ``error``, ``last_error`` naming the tensors) and repaired by a full reload from the
+        verified CPU copy, paused, which is itself checked before generation resumes (as every
+        full reload is). A LoRA replica, or one not serving its held version, is not checked
+        (None).
 
         Returns:
-            ``{"version", "parameters", "mismatched" (names), "paused_s", "checksum_s"}``.
+            ``{"version", "tensors", "mismatched" (names), "read_s", "repaired"}``.
         """
         with self.follower.lock:
             self._checked_at = self.clock()
             if self.lora is not None or not self.ready or self.held.version != self.served_version:
                 return None
             version = self.served_version
-            t0 = time.perf_counter()
             try:
-                before = self.engine.weight_checksums()
+                wrong, read_s = self._mismatched()
             except EngineControlError as e:
-                self._report(e, f"full-weights check of v{version}: checksums failed")
+                self._report(e, f"full-weights check of v{version}: reading back failed")
                 return None
-            checksum_s = time.perf_counter() - t0
-            t_pause = time.perf_counter()
-            self.dirty = True  # from here on the weights are proven again only by the reload
-            self._recover_full()
-            if self.dirty:
-                return None  # reported by _recover_full: paused until a reload succeeds
-            try:
-                after = self.engine.weight_checksums()
-            except EngineControlError as e:
-                self._report(e, f"full-weights check of v{version}: checksums failed")
-                return None
-            paused_s = time.perf_counter() - t_pause
-            wrong = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+            want = self.held.digests
             out = {
                 "version": version,
-                "parameters": len(after),
+                "tensors": len(want),
                 "mismatched": wrong,
-                "paused_s": round(paused_s, 6),
-                "checksum_s": round(checksum_s, 6),
+                "read_s": round(read_s, 6),
+                "repaired": False,
             }
             self.checks = [*self.checks[-9:], out]
-            if wrong:
-                self._report(
-                    RuntimeError(
-                        f"served weights of v{version} differed from its verified bits in "
-                        f"{len(wrong)} of {len(after)} parameters {wrong[:3]}; repaired by a full "
-                        "reload"
-                    ),
-                    "full-weights check",
-                )
-            else:
+            if not wrong:
                 log.info(
-                    "check v%d: %d parameters equal a full reload of the verified bits "
-                    "(checksums %.3fs, paused %.3fs)",
-                    version,
-                    len(after),
-                    checksum_s,
-                    paused_s,
+                    "check v%d: %d tensors served as verified (%.3fs)", version, len(want), read_s
                 )
+                return out
+            self.dirty = True  # what is served is not the version: paused until reloaded
+            self._report(
+                RuntimeError(
+                    f"served weights of v{version} differ from its verified digests in "
+                    f"{len(wrong)} of {len(want)} tensors {wrong[:3]}; repairing by a full reload"
+                ),
+                "full-weights check",
+            )
+            self._recover_full()
+            out["repaired"] = not self.dirty
             return out
 
     def _retry_prefix_reset(self) -> None:

@@ -295,3 +295,83 @@ def apply_in_place(worker: Any, path: str) -> dict:
         "read_s": t1 - t0,
         "patch_s": time.perf_counter() - t1,
     }
+
+
+def _linear_weight(module: torch.nn.Module, dtype: torch.dtype, device) -> torch.Tensor:
+    """The weight a linear module computes with, ``[N, K]``, read back through its own kernel:
+    the identity through ``quant_method.apply`` (the CPU build's packed oneDNN/SGL weights
+    included, whose parameters are then empty). Exact: each output is one weight times 1.0 plus
+    zeros, accumulated in float32 or wider, for any finite weight."""
+    k = (
+        int(module.weight.shape[1])
+        if module.weight.numel()
+        else int(module.input_size_per_partition)
+    )
+    eye = torch.eye(k, dtype=dtype, device=device)
+    with torch.no_grad():
+        out = module.quant_method.apply(module, eye)
+    return (out[0] if isinstance(out, tuple) else out).t()
+
+
+def served_digests(worker: Any) -> dict:
+    """xxh3-64 digests of the bf16 bits of every checkpoint tensor the engine serves, read from
+    what it computes with, for the full-weights check (``rollout.sync_loop.SyncLoop.
+    check_served``) against the digests the manifest's payloads carry.
+
+    Linear modules (fused ``qkv_proj`` / ``gate_up_proj`` split into their checkpoint shards
+    by ``output_sizes``, and an untied ``lm_head``, its vocabulary padding cut) are read back
+    through their kernel (:func:`_linear_weight`); every other parameter (embedding, norms) is
+    read as it is. A float32 engine's weights are cast to bf16, exact for values that came from
+    bf16. One worker only (a rank of a tensor-parallel group holds slices).
+
+    Returns:
+        {"digests": {checkpoint name: 16 hex digits}, "read_s": seconds}.
+
+    Raises:
+        ValueError: tensor parallelism (more than one worker).
+    """
+    from deltasync.bf16 import digest
+
+    tp = getattr(getattr(worker.vllm_config, "parallel_config", None), "tensor_parallel_size", 1)
+    if tp != 1:
+        raise ValueError(f"served_digests: expected one worker, found tensor parallel {tp}")
+    t0 = time.perf_counter()
+    model = worker.model_runner.get_model()
+    dtype = worker.vllm_config.model_config.dtype
+    device = worker.device if hasattr(worker, "device") else "cpu"
+    packed = getattr(model, "packed_modules_mapping", None) or DEFAULT_PACKED_MODULES
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    out: dict[str, torch.Tensor] = {}
+    read_back: set[str] = set()
+    for mname, module in model.named_modules():
+        leaf = mname.rsplit(".", 1)[-1]
+        is_linear = hasattr(module, "input_size_per_partition") and hasattr(module, "quant_method")
+        is_head = leaf == "lm_head" and not tied and hasattr(module, "quant_method")
+        if not (is_linear or is_head):
+            continue
+        w = _linear_weight(module, dtype, device)
+        read_back.add(f"{mname}.weight")
+        if is_head:
+            rows = int(getattr(module, "org_vocab_size", w.shape[0]))
+            out[f"{mname}.weight"] = w[:rows]
+            continue
+        sizes = list(getattr(module, "output_sizes", None) or [w.shape[0]])
+        shards = packed.get(leaf)
+        if shards and len(shards) == len(sizes):
+            prefix = mname[: -len(leaf)]
+            for shard, part in zip(shards, torch.split(w, sizes, dim=0), strict=True):
+                out[f"{prefix}{shard}.weight"] = part
+        else:
+            out[f"{mname}.weight"] = w
+    for pname, p in model.named_parameters():
+        if pname in read_back or pname in out or not p.numel():
+            continue
+        if pname.endswith("embed_tokens.weight"):
+            rows = int(getattr(model.get_submodule(pname[: -len(".weight")]), "org_vocab_size", 0))
+            p = p[:rows] if rows else p
+        out[pname] = p
+    digests = {
+        n: digest(t.detach().to(torch.bfloat16).contiguous().view(torch.int16).cpu().numpy())
+        for n, t in out.items()
+    }
+    return {"digests": digests, "read_s": time.perf_counter() - t0}
