@@ -25,8 +25,11 @@ not forwarded (vLLM's three routes take none).
   loaded version ``{ADAPTER_NAME}-v{N}`` as it arrives and stamped N; it finishes on that
   version, which stays loaded until no request uses it (``rollout.lora``). Before the first
   version it is answered 503; requests for the base model are passed on, unstamped.
-- ``GET /health``: 200 with ``{"status", "held_version", "newest_seen", "ready"}`` while vLLM is
-  healthy, else 503. Versions are not secrets.
+- ``GET /health``: 200 with ``{"status", "held_version", "newest_seen", "ready", "busy"}`` while
+  vLLM is healthy, else 503. vLLM's own ``/health`` is asked on a client of its own (never queued
+  behind generation); when it times out while vLLM answered a proxied request within
+  ``busy_grace_s``, the engine is busy, not dead: 200 with ``"busy": true``. Versions are not
+  secrets.
 - ``GET /control/status``: the full heartbeat (timings, errors). ``POST /control/sync``: poll now.
   Both need ``Authorization: Bearer <CONTROL_TOKEN>``; without a configured token they are refused.
 """
@@ -37,6 +40,7 @@ import hmac
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -281,6 +285,8 @@ def create_app(
     timeout_s: float = 3600.0,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    health_timeout_s: float = 5.0,
+    busy_grace_s: float = 120.0,
 ) -> FastAPI:
     """Build the front app (wrapped in ``PathGuard``).
 
@@ -292,6 +298,11 @@ def create_app(
         timeout_s: upstream timeout of proxied requests, seconds.
         api_key: bearer token the ``/v1`` routes require (None or empty: open, the local default).
         max_body_bytes: largest request body forwarded, bytes; larger ones get 413.
+        health_timeout_s: seconds ``/health`` waits for vLLM's own ``/health`` (on a client of
+            its own, so it never queues behind generation in the proxy's connection pool).
+        busy_grace_s: a vLLM ``/health`` that times out while vLLM answered a proxied request
+            within this many seconds is a busy engine, not a dead one: ``/health`` answers 200
+            with ``"busy": true`` (a refused connection is always ``engine-down``).
 
     Raises:
         ValueError: ``max_body_bytes`` is not positive.
@@ -300,11 +311,15 @@ def create_app(
         raise ValueError(f"max_body_bytes must be > 0, found {max_body_bytes}")
     client: dict[str, httpx.AsyncClient] = {}
 
+    answered = {"at": None}  # monotonic time vLLM last answered a proxied request
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         client["c"] = httpx.AsyncClient(base_url=vllm_url, timeout=timeout_s)
         yield
         await client["c"].aclose()
+        if "h" in client:
+            await client["h"].aclose()
 
     app = FastAPI(
         title="deltasync vLLM rollout replica",
@@ -320,10 +335,19 @@ def create_app(
             client["c"] = httpx.AsyncClient(base_url=vllm_url, timeout=timeout_s)
         return client["c"]
 
+    def prober() -> httpx.AsyncClient:
+        if "h" not in client:  # its own pool: a probe never waits behind generation
+            client["h"] = httpx.AsyncClient(base_url=vllm_url, timeout=health_timeout_s)
+        return client["h"]
+
     @app.get("/health")
     async def health() -> JSONResponse:
+        busy = False
         try:
-            ok = (await upstream().get("/health", timeout=5)).status_code == 200
+            ok = (await prober().get("/health")).status_code == 200
+        except httpx.TimeoutException:  # alive but slow, if it still answers requests
+            last = answered["at"]
+            ok = busy = last is not None and time.monotonic() - last <= busy_grace_s
         except httpx.HTTPError:
             ok = False
         body = {
@@ -331,6 +355,7 @@ def create_app(
             "held_version": loop.served_version,
             "newest_seen": loop.newest_seen,
             "ready": loop.ready and ok,
+            "busy": busy,
         }
         return JSONResponse(body, status_code=200 if ok else 503)
 
@@ -416,7 +441,9 @@ def create_app(
         for attempt in (1, 2):
             req = upstream().build_request(method, route, headers=headers, content=body)
             try:
-                return await upstream().send(req, stream=True)
+                r = await upstream().send(req, stream=True)
+                answered["at"] = time.monotonic()
+                return r
             except httpx.TransportError as e:
                 if attempt == 2:
                     log.warning("vLLM did not answer %s twice: %r", route, e)
