@@ -139,6 +139,26 @@ def _corrupt(msg: str) -> DeltaCorruptError:
     return DeltaCorruptError(f"delta blob invalid: {msg}")
 
 
+def _check_counts(table: np.ndarray, n: int, rice_n: int) -> None:
+    """Refuse a class table whose counts the tensor (n elements) or the Rice stream (``rice_n``
+    bytes) cannot hold, before anything is sized by them. Classes are disjoint, so the coded
+    ranks of all classes, plus the changes of the classes that code their unchanged ranks,
+    number at most n; and each coded gap takes at least k + 1 bits."""
+    coded = [int(c) for c in table["n_coded"]]  # each <= n (checked): Python ints, no overflow
+    unchanged_mode = table["mode"] == MODE_UNCHANGED
+    held = sum(coded) + sum(int(c) for c in table["n_changed"][unchanged_mode])
+    if held > n:
+        raise _corrupt(
+            f"class table accounts for {held} elements, expected at most the tensor's {n}; "
+            "the blob was made for another tensor or is damaged"
+        )
+    bits = sum(c * (int(k) + 1) for c, k in zip(coded, table["k"], strict=True))
+    if bits > 8 * rice_n:
+        raise _corrupt(
+            f"class table needs at least {bits} position bits, the Rice stream has {8 * rice_n}"
+        )
+
+
 def decode(
     blob: bytes | memoryview, base_bits: np.ndarray, threads: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -157,7 +177,9 @@ def decode(
 
     Raises:
         DeltaCorruptError: if the blob is truncated, malformed, or inconsistent with the base
-            (positions out of range, wrong counts). Nothing is returned in that case.
+            (positions out of range, wrong counts). Nothing is returned in that case, and counts
+            read from the blob are checked against n and the blob's size before they size any
+            array (scratch memory stays within a small multiple of the tensor's and blob's size).
     """
     base = np.ascontiguousarray(base_bits).reshape(-1)
     n = base.shape[0]
@@ -193,6 +215,7 @@ def decode(
     m = int(table["n_changed"].sum())
     if m > n:
         raise _corrupt(f"{m} changes declared for a tensor of {n} elements")
+    _check_counts(table, n, rice_n)
     zb = np.frombuffer(body, np.uint8, count=min(m, len(body) - t_n), offset=t_n)
     if zb.shape[0] != m:
         raise _corrupt(f"expected {m} value bytes, found {zb.shape[0]}")

@@ -10,7 +10,9 @@ digest of the full post-update tensor.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 
@@ -132,58 +134,124 @@ def _bad(msg: str) -> DeltaCorruptError:
     return DeltaCorruptError(f"payload file invalid: {msg}")
 
 
+# Bounds on what a part's header may declare: numpy's own limit on dimensions (32 before numpy
+# 2), and element counts that int64 arithmetic holds with room to spare.
+MAX_DIMS = 32
+MAX_ELEMENTS = 2**62
+_DECIMAL = re.compile(r"[0-9]{1,18}")  # a non-negative int64, as str(int) writes it
+
+
 def read_part(data: bytes) -> Part:
     """Parse and validate a payload file's bytes. Tensors are read-only views into ``data``
     (nothing is copied: the header is parsed here, once).
 
+    Every field is checked for its type and range before it is used: metadata values are strings,
+    ``version``/``base_version``/``part``/``parts`` decimal (``0 <= part < parts``), ``tensors``
+    a JSON object of ``{"shape": [int >= 0, ...], "digest": str}`` (+ ``"changed": int`` in
+    deltas, at most the tensor's elements), shapes of at most ``MAX_DIMS`` dimensions and
+    ``MAX_ELEMENTS`` elements.
+
     Raises:
         DeltaCorruptError: if it is not a safetensors file of this format, or its metadata,
-            dtypes or sizes are inconsistent (blobs themselves are checked when decoded).
+            dtypes or sizes are malformed or inconsistent (blobs themselves are checked when
+            decoded). No other exception escapes for any input bytes.
     """
     header, body = _header(data)
-    meta = header.pop("__metadata__", None) or {}
+    meta = header.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _bad(f"expected __metadata__ as a JSON object of strings, found {_short(meta)}")
     raw = {name: _entry(name, t, body) for name, t in header.items()}
     if sorted((b, e) for b, e in raw.values()) != _tiles(sorted(raw.values()), body):
         raise _bad("tensor data overlaps or leaves holes (safetensors requires neither)")
     if meta.get("format") != FORMAT:
         raise _bad(f"expected format {FORMAT!r}, found {meta.get('format')!r}")
     kind = meta.get("kind")
-    try:
-        version = int(meta["version"])
-        base = int(meta["base_version"]) if meta.get("base_version") else None
-        info = json.loads(meta["tensors"])
-        part, parts = int(meta["part"]), int(meta["parts"])
-    except (KeyError, ValueError, TypeError) as e:
-        raise _bad(f"metadata incomplete or malformed ({e})") from e
+    version, part, parts = (_decimal(meta, k) for k in ("version", "part", "parts"))
+    base = _decimal(meta, "base_version") if meta.get("base_version") else None
+    if not part < parts:
+        raise _bad(f"expected part < parts, found part {part} of {parts}")
     if kind not in ("anchor", "delta") or (kind == "delta") != (base is not None):
         raise _bad(f"kind {kind!r} with base_version {base!r}")
     want_enc = codec.ENCODING if kind == "delta" else ANCHOR_ENCODING
     if meta.get("encoding") != want_enc:
         raise _bad(f"expected encoding {want_enc!r}, found {meta.get('encoding')!r}")
+    if "run_id" not in meta:
+        raise _bad("metadata has no run_id")
+    info = _tensors_meta(meta)
     if set(info) != set(raw):
         raise _bad(f"metadata names {sorted(info)[:5]}... but file holds {sorted(raw)[:5]}...")
-    out = Part(kind, version, base, meta.get("run_id", ""), part, parts)
+    out = Part(kind, version, base, meta["run_id"], part, parts)
     for name, (begin, end) in raw.items():
         i, t = info[name], header[name]
-        shape = tuple(int(s) for s in i.get("shape", []))
-        if any(s < 0 for s in shape):
-            raise _bad(f"{name}: negative dimension in {shape}")
+        shape, digest = _shape(name, i.get("shape")), i.get("digest")
+        if not isinstance(digest, str):
+            raise _bad(f"{name}: expected a digest string in the metadata, found {_short(digest)}")
+        numel = math.prod(shape)
         if kind == "anchor":
-            if t["dtype"] != "BF16" or tuple(t["shape"]) != shape:
+            if t["dtype"] != "BF16" or t["shape"] != list(shape):
                 raise _bad(f"{name}: expected BF16 {shape}, found {t['dtype']} {t['shape']}")
-            if end - begin != 2 * int(np.prod(shape)):
+            if end - begin != 2 * numel:
                 raise _bad(f"{name}: {end - begin} bytes for BF16 {shape}")
-            arr = np.frombuffer(body, np.uint16, (end - begin) // 2, begin).reshape(shape)
-            out.tensors[name] = PartTensor(shape, str(i.get("digest", "")), 0, arr)
+            arr = np.frombuffer(body, np.uint16, numel, begin).reshape(shape)
+            out.tensors[name] = PartTensor(shape, digest, 0, arr)
         else:
-            if t["dtype"] != "U8" or list(t["shape"]) != [end - begin]:
+            if t["dtype"] != "U8" or t["shape"] != [end - begin]:
                 raise _bad(f"{name}: expected a U8 blob of {end - begin}, found {t['dtype']}")
-            changed = int(i.get("changed", -1))
-            if not 0 <= changed <= int(np.prod(shape)):
-                raise _bad(f"{name}: change count {changed} out of range for shape {shape}")
+            changed = i.get("changed")
+            if not _is_int(changed) or not 0 <= changed <= numel:
+                raise _bad(
+                    f"{name}: expected a change count from 0 to {numel} (shape {shape}), "
+                    f"found {_short(changed)}"
+                )
             arr = np.frombuffer(body, np.uint8, end - begin, begin)
-            out.tensors[name] = PartTensor(shape, str(i.get("digest", "")), changed, arr)
+            out.tensors[name] = PartTensor(shape, digest, changed, arr)
     return out
+
+
+def _short(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (values from a hostile file can be long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _decimal(meta: dict[str, str], key: str) -> int:
+    """``meta[key]`` as a non-negative int, written in decimal digits."""
+    text = meta.get(key)
+    if text is None or not _DECIMAL.fullmatch(text):
+        raise _bad(f"metadata {key!r}: expected a decimal integer >= 0, found {_short(text)}")
+    return int(text)
+
+
+def _tensors_meta(meta: dict[str, str]) -> dict[str, dict]:
+    """The ``tensors`` metadata entry: a JSON object of one object per tensor."""
+    try:
+        info = json.loads(meta["tensors"])
+    except KeyError as e:
+        raise _bad("metadata has no 'tensors' entry") from e
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting too deep to parse
+        raise _bad(f"metadata 'tensors' is not JSON ({_short(str(e))})") from e
+    if not isinstance(info, dict) or not all(isinstance(i, dict) for i in info.values()):
+        raise _bad(f"metadata 'tensors': expected an object of objects, found {_short(info)}")
+    return info
+
+
+def _shape(name: str, shape) -> tuple[int, ...]:
+    """A shape from the metadata: at most ``MAX_DIMS`` ints >= 0, ``MAX_ELEMENTS`` elements."""
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_DIMS
+        or not all(_is_int(s) and 0 <= s <= MAX_ELEMENTS for s in shape)
+        or math.prod(shape) > MAX_ELEMENTS
+    ):
+        raise _bad(
+            f"{name}: expected a shape of at most {MAX_DIMS} dimensions >= 0 and "
+            f"{MAX_ELEMENTS} elements, found {_short(shape)}"
+        )
+    return tuple(shape)
 
 
 def _header(data: bytes) -> tuple[dict, memoryview]:
@@ -195,20 +263,31 @@ def _header(data: bytes) -> tuple[dict, memoryview]:
         raise _bad(f"header length {hlen} exceeds the file ({len(data)} bytes): truncated?")
     try:
         header = json.loads(bytes(data[8 : 8 + hlen]))
-    except ValueError as e:
-        raise _bad(f"header is not JSON ({e})") from e
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting too deep to parse
+        raise _bad(f"header is not JSON ({_short(str(e))})") from e
     if not isinstance(header, dict):
         raise _bad(f"expected a JSON object as header, found {type(header).__name__}")
     return header, memoryview(data)[8 + hlen :]
 
 
 def _entry(name: str, t, body: memoryview) -> tuple[int, int]:
-    """A tensor entry's byte range in the data section, checked to lie inside it."""
-    try:
-        begin, end = (int(x) for x in t["data_offsets"])
-        _ = (str(t["dtype"]), [int(s) for s in t["shape"]])
-    except (KeyError, TypeError, ValueError) as e:
-        raise _bad(f"{name}: malformed tensor entry {t!r} ({e})") from e
+    """A tensor entry's byte range in the data section, checked to lie inside it, and its
+    ``dtype`` (str) and ``shape`` (ints >= 0) checked for their types."""
+    offsets = t.get("data_offsets") if isinstance(t, dict) else None
+    shape = t.get("shape") if isinstance(t, dict) else None
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_int(x) for x in offsets)
+        or not isinstance(t.get("dtype"), str)
+        or not isinstance(shape, list)
+        or not all(_is_int(s) and s >= 0 for s in shape)
+    ):
+        raise _bad(
+            f"{name}: malformed tensor entry {_short(t)} (expected dtype: str, shape: [int >= 0], "
+            "data_offsets: [begin, end])"
+        )
+    begin, end = offsets
     if not 0 <= begin <= end <= len(body):
         raise _bad(f"{name}: bytes [{begin}, {end}) outside the data ({len(body)} bytes)")
     return begin, end

@@ -224,10 +224,19 @@ def rice_decode(buf, counts, ks):
 
     Returns (gaps int64[sum(counts)], status): status 0 on success, 1 if the stream is truncated,
     2 if bytes or non-zero padding bits remain after the last gap, 3 if a gap overflows int63.
+    Counts that the stream cannot hold (a gap takes at least k + 1 bits), or negative ones, are
+    status 1 with no gaps, found before ``gaps`` is allocated.
     """
+    avail = buf.shape[0] * 8
+    need = 0
     total = 0
     for c in range(counts.shape[0]):
+        if counts[c] < 0 or counts[c] > avail:
+            return np.zeros(0, np.int64), 1
+        need += counts[c] * (int(ks[c]) + 1)
         total += counts[c]
+        if need > avail:
+            return np.zeros(0, np.int64), 1
     gaps = np.zeros(total, np.int64)
     nbytes = buf.shape[0]
     bitpos = 0

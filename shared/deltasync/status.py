@@ -8,6 +8,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Literal
 
@@ -15,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import StoreNotFoundError
 from .store import Store
+
+log = logging.getLogger("deltasync.status")
 
 REPLICAS_DIR = "replicas"
 TRAINER_METRICS_PATH = "metrics/trainer.json"
@@ -183,10 +186,15 @@ def write_heartbeat(store: Store, hb: ReplicaHeartbeat, keep_recent: int = 50) -
 
 
 def read_heartbeats(store: Store) -> dict[str, ReplicaHeartbeat]:
-    """All replica heartbeats in the bucket, by replica id ({} if none).
+    """All replica heartbeats in the bucket that parse, by replica id ({} if none).
+
+    A heartbeat that does not parse (damaged bytes, wrong types, or fields of a newer schema this
+    reader forbids) is skipped with a warning naming the file and the error (once per file and
+    error, not at every read); the others are returned.
 
     Raises:
-        pydantic.ValidationError: a heartbeat file is malformed.
+        StoreError: the store failed listing or reading (a file that vanished between the
+            listing and the read is skipped: its replica left).
     """
     out = {}
     for path in store.ls(REPLICAS_DIR):
@@ -196,6 +204,33 @@ def read_heartbeats(store: Store) -> dict[str, ReplicaHeartbeat]:
             data = store.read_bytes(path)
         except StoreNotFoundError:  # deleted between list and read: the replica left
             continue
-        hb = ReplicaHeartbeat.model_validate_json(data)
+        try:
+            hb = ReplicaHeartbeat.model_validate_json(data)
+        except (ValueError, RecursionError) as e:  # pydantic.ValidationError is a ValueError
+            _warn_skipped(f"{store.uri}/{path}", e)
+            continue
         out[hb.replica_id] = hb
     return out
+
+
+_SKIPPED: dict[str, str] = {}  # heartbeat file -> the error last warned about
+_SKIPPED_MAX = 1024
+
+
+def _warn_skipped(where: str, error: BaseException) -> None:
+    """Log a skipped heartbeat at WARNING the first time this file fails with this error (a
+    trainer reads heartbeats every few seconds), at DEBUG after that."""
+    what = " ".join(str(error).split())[:300]
+    level = logging.DEBUG if _SKIPPED.get(where) == what else logging.WARNING
+    if len(_SKIPPED) >= _SKIPPED_MAX:
+        _SKIPPED.clear()
+    _SKIPPED[where] = what
+    log.log(
+        level,
+        "heartbeat %s skipped: it does not parse as a ReplicaHeartbeat (%s: %s); the replica "
+        "that writes it is left out until it writes one this reader can read (same deltasync "
+        "version)",
+        where,
+        type(error).__name__,
+        what,
+    )

@@ -1,16 +1,21 @@
 """The one follow loop (``deltasync.follow.Follower``): a follower running on its own thread ends
 on the publisher's bits; a damaged delta is refused (raised, or reported for a long-lived reader),
-never applied, and routed around through the next anchor; the poll interval backs off while
+never applied, and routed around through the next anchor; a part whose metadata is malformed is
+downloaded once, refused, and never downloaded again; the poll interval backs off while
 nothing changes and snaps back when a version appears."""
 
+import json
+import struct
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from deltasync.bf16 import bytes_digest
 from deltasync.errors import DeltaCorruptError
 from deltasync.follow import Follower
+from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.store import Store
 
@@ -96,6 +101,52 @@ def test_damaged_delta_is_refused_then_routed_around(bucket, trainer, reported):
             pub.flush()
     pulled = follower.poll()
     assert pulled.kind == "anchor" and pulled.version == 3 and follower.stuck is None
+    assert_bits(follower, trainer.bits())
+    follower.close()
+
+
+def _malformed_part(data: bytes) -> bytes:
+    """The part with its ``tensors`` metadata entry holding a number per tensor, not an
+    object: a well-formed safetensors file whose metadata a publisher never writes."""
+    (hlen,) = struct.unpack_from("<Q", data)
+    header = json.loads(data[8 : 8 + hlen])
+    names = [n for n in header if n != "__metadata__"]
+    header["__metadata__"]["tensors"] = json.dumps({n: 7 for n in names})
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data[8 + hlen :]
+
+
+def test_a_malformed_part_is_fetched_once_then_avoided(bucket, trainer):
+    """A delta part that the manifest names with its own size and digest (so the download
+    verifies) but whose metadata is malformed: refused as DeltaCorruptError, remembered, never
+    downloaded again, and routed around through the next anchor."""
+    errors = []
+    follower = Follower(bucket, report=lambda exc, what: errors.append((exc, what)))
+    with DeltaPublisher(bucket, run_id="r1") as pub:
+        pub.publish(trainer.named(), step=0)
+        trainer.step()
+        pub.publish(trainer.named(), step=1)  # v1: a delta only
+    store = follower.store
+    manifest = Manifest.from_json(store.read_bytes(MANIFEST_PATH))
+    ref = manifest.entry(1).delta.files[0]
+    bad = _malformed_part(store.read_bytes(ref.path))
+    ref.bytes, ref.digest = len(bad), bytes_digest(bad)
+    store.write_bytes(ref.path, bad)
+    store.write_bytes(MANIFEST_PATH, manifest.to_json())
+    reads = []
+    read_bytes = store.read_bytes
+    store.read_bytes = lambda path: reads.append(path) or read_bytes(path)
+    follower.poll()
+    assert follower.held.version == 0 and reads.count(ref.path) == 1
+    assert isinstance(errors[-1][0], DeltaCorruptError) and "tensors" in str(errors[-1][0])
+    assert [k[:2] for k in follower.refused] == [("delta", 1)]
+    assert follower.poll() is None and "v1" in follower.stuck
+    assert reads.count(ref.path) == 1  # remembered: not downloaded again
+    with DeltaPublisher(bucket, run_id="r1") as pub:  # a restart publishes an anchor: v2
+        trainer.step()
+        assert pub.publish(trainer.named(), step=2) == 2
+    pulled = follower.poll()
+    assert pulled.kind == "anchor" and pulled.version == 2 and reads.count(ref.path) == 1
     assert_bits(follower, trainer.bits())
     follower.close()
 

@@ -13,6 +13,7 @@ kept longer than its client keeps it for reuse.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import threading
 import time
@@ -172,6 +173,28 @@ def test_discovery_from_heartbeats_join_leave_and_bad_urls(replicas, caplog):
     assert {p["url"]: p["state"] for p in pool.replica_rows()} == {a.url: "gone", b.url: "serving"}
     assert pool.acquire(exclude=set()).url == b.url
     pool.stop()
+
+
+def test_a_heartbeat_that_does_not_parse_is_skipped_and_the_good_replica_joins(
+    fleet, replicas, caplog
+):
+    """One damaged heartbeat and one of a newer schema (a field this reader forbids) next to a
+    good one: the pool starts (its first refresh runs outside the upkeep loop's guard), the good
+    replica is discovered and serves, and each skipped file is named in a warning."""
+    (a,) = replicas(1)
+    store = Store("memory://fleet-bad-heartbeat")
+    good = ReplicaHeartbeat.empty("a", status="ok", held_version=1, newest_seen=1, url=a.url)
+    write_heartbeat(store, good)
+    store.write_bytes("replicas/garbage.json", b"\x00{not json")
+    newer = json.loads(good.model_dump_json()) | {"replica_id": "newer", "gpu_temp_c": 61.0}
+    store.write_bytes("replicas/newer.json", json.dumps(newer).encode())
+    with caplog.at_level(logging.WARNING, logger="deltasync.status"):
+        pool, url = fleet(store=store, discover_interval_s=0.0)
+    assert {p["url"]: p["state"] for p in pool.replica_rows()} == {a.url: "serving"}
+    assert httpx.post(f"{url}/v1/completions", json=BODY, timeout=30).status_code == 200
+    skipped = [m for m in caplog.messages if "skipped" in m]
+    assert any("replicas/garbage.json" in m for m in skipped)
+    assert any("replicas/newer.json" in m and "gpu_temp_c" in m for m in skipped)
 
 
 def test_a_replica_too_far_behind_is_drained(fleet, replicas):
