@@ -36,6 +36,7 @@ class FakeReplica:
         self.delay_s = delay_s
         self.per_token_s = per_token_s
         self.hang_s = 30.0
+        self.health_delay_s = 0.0  # each /health answers after this long (a busy engine)
         self.requests = 0  # /v1 requests received
         self.auth: list[str | None] = []
         self._server: ThreadingHTTPServer | None = None
@@ -62,6 +63,7 @@ class FakeReplica:
 
             def do_GET(self):
                 if self.path == "/health":
+                    time.sleep(fake.health_delay_s)
                     self._send(200, {"status": "ok", "held_version": fake.version, "ready": True})
                 else:
                     self._v1({})

@@ -378,3 +378,28 @@ def test_an_idle_client_connection_is_kept_past_uvicorns_default(fleet, replicas
     finally:
         conn.close()
     assert statuses == [200, 200] and a.requests == 2
+
+
+def test_a_busy_replica_whose_health_times_out_is_not_taken_down(fleet, replicas, caplog):
+    """Under an evaluation's load on 2 cores a replica's ``/health`` outlived the pool's timeout
+    while it still answered every request; the fleet marked it down and up again for minutes.
+    Now a replica that answered within ``busy_grace_s`` stays serving through slow health checks
+    (counted as failures), while one that never answered is down."""
+    busy, silent = replicas(2)
+    pool, url = fleet([busy.url], health_timeout_s=0.3, busy_grace_s=60.0)
+    assert [r.status_code for r in post_many(url, 8)] == [200] * 8
+    busy.health_delay_s = 1.0
+    caplog.set_level(logging.INFO, logger="trainer.fleet.pool")
+    failed = pool.replica_rows()[0]["failed"]
+    deadline = time.monotonic() + 30
+    while pool.replica_rows()[0]["failed"] < failed + 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # waits for two health rounds that timed out
+    row = pool.replica_rows()[0]
+    assert row["failed"] >= failed + 2 and row["state"] == "serving"
+    assert "-> down" not in caplog.text
+    assert [r.status_code for r in post_many(url, 4)] == [200] * 4
+    silent.health_delay_s = 1.0  # never answered a request: a timed-out health is down
+    other = ReplicaPool([silent.url], health_timeout_s=0.3)
+    other.check_health()
+    assert other.replica_rows()[0]["state"] == "down"
+    other.stop()

@@ -56,6 +56,7 @@ class Replica:
         failed: requests or health checks that failed.
         last_error: the last failure, in words.
         from_heartbeat: discovered from the bucket (leaves when its heartbeat goes stale).
+        answered_at: ``time.monotonic()`` of its last answer to a request (None: none yet).
     """
 
     url: str
@@ -68,6 +69,7 @@ class Replica:
     last_error: str | None = None
     from_heartbeat: bool = False
     versions: dict[int, int] = field(default_factory=dict)  # version -> requests answered
+    answered_at: float | None = None  # monotonic time of its last answer (busy, not dead)
 
     def describe(self) -> str:
         """``id (url) state vN [error]``: one replica in a log line."""
@@ -107,6 +109,10 @@ class ReplicaPool:
             ``replicas/`` and one read per heartbeat: Hub calls, on the run's shared budget).
         heartbeat_max_age_s: a discovered replica whose heartbeat is older leaves the pool.
         require_https: refuse discovered non-loopback ``http://`` URLs (remote buckets).
+        busy_grace_s: a replica that answered a request within this many seconds is busy, not
+            dead: a ``/health`` or a request that times out then counts as a failure but does
+            not take it out of the pool (a refused connection or a 503 still does).
+        health_timeout_s: seconds a ``/health`` may take.
     """
 
     def __init__(
@@ -120,7 +126,10 @@ class ReplicaPool:
         discover_interval_s: float | None = None,
         heartbeat_max_age_s: float = 180.0,
         require_https: bool = False,
+        busy_grace_s: float = 120.0,
+        health_timeout_s: float = 5.0,
     ):
+        self.busy_grace_s = busy_grace_s
         self.store = store
         self.headers_for = headers_for
         self.published_version_fn = published_version_fn
@@ -141,7 +150,7 @@ class ReplicaPool:
                 raise ValueError(f"VLLM_URL entry {url!r}: {problem}")
             url = url.rstrip("/")
             self.replicas[url] = Replica(url, url)
-        self._http = httpx.Client(timeout=5.0)
+        self._http = httpx.Client(timeout=health_timeout_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._changed = threading.Condition(self.lock)
@@ -190,15 +199,24 @@ class ReplicaPool:
             members = [r for r in self.replicas.values() if r.state != "gone"]
         newest = self.published_version_fn()
         for r in members:
+            busy = False
             try:
                 resp = self._http.get(f"{r.url}/health", headers=self.headers_for(r.url))
                 body = resp.json() if resp.status_code == 200 else {}
                 error = None if resp.status_code == 200 else f"/health answered {resp.status_code}"
+            except httpx.TimeoutException as e:
+                body, error = {}, f"/health failed: {type(e).__name__}"
+                busy = self._busy(r)
             except (httpx.HTTPError, ValueError) as e:
                 body, error = {}, f"/health failed: {type(e).__name__}"
             with self.lock:
                 before = r.state
-                if error is not None:
+                if busy:  # slow under load, still answering: keeps its state
+                    r.failed += 1
+                    r.last_error = (
+                        f"{error} (busy: answered a request within {self.busy_grace_s:.0f}s)"
+                    )
+                elif error is not None:
                     r.state, r.last_error = "down", error
                     r.failed += 1
                 else:
@@ -265,13 +283,28 @@ class ReplicaPool:
             r.inflight += 1
             return r
 
+    def _busy(self, r: Replica) -> bool:
+        """Whether ``r`` answered a request within ``busy_grace_s`` (busy, not dead)."""
+        last = r.answered_at
+        return last is not None and time.monotonic() - last <= self.busy_grace_s
+
     def release(
-        self, r: Replica, error: str | None, version: int | None = None, count_failure: bool = False
+        self,
+        r: Replica,
+        error: str | None,
+        version: int | None = None,
+        count_failure: bool = False,
+        timed_out: bool = False,
     ) -> None:
         """Count a finished request; ``error`` marks the replica ``down`` until its next
-        successful health check; ``count_failure`` counts a failed answer of a live replica."""
+        successful health check, unless it ``timed_out`` while the replica still answers others
+        (:meth:`_busy`); ``count_failure`` counts a failed answer of a live replica."""
         with self.lock:
             r.inflight -= 1
+            if error is None:  # it answered (a 5xx too): alive
+                r.answered_at = time.monotonic()
+            if timed_out and error is not None and self._busy(r):
+                count_failure, r.last_error = True, f"{error} (busy: not taken down)"
             if count_failure:
                 r.failed += 1
             elif error is None:

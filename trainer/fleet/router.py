@@ -201,7 +201,8 @@ class FleetRouter:
                         r.url, request, path, body, {**headers, **self.pool.headers_for(r.url)}
                     )
                 except (aiohttp.ClientError, TimeoutError) as e:  # refused, reset, timed out
-                    self.pool.release(r, f"{type(e).__name__} on {path}")
+                    timed_out = isinstance(e, TimeoutError | aiohttp.ServerTimeoutError)
+                    self.pool.release(r, f"{type(e).__name__} on {path}", timed_out=timed_out)
                     tried.add(r.url)
                     continue
                 tried.add(r.url)
