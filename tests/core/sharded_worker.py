@@ -12,7 +12,6 @@ Usage: torchrun --standalone --nproc_per_node 2 sharded_worker.py MODE BUCKET OU
 import gc
 import os
 import sys
-import time
 
 import numpy as np
 import torch
@@ -78,7 +77,14 @@ def main() -> None:
 
             pub.publisher.before_commit = broken
         elif mode == "fail" and rank == 0:
-            time.sleep(0.5)  # v1's commit has failed in the background by the next publish
+            # wait until v1's commit has failed on the publisher's thread: flush returns when it
+            # has (raising its error); the next publish() raises it again, to every rank
+            try:
+                pub.flush(timeout=120)
+            except OSError as e:
+                assert str(e) == "bucket unreachable at v1", e
+            else:
+                raise AssertionError("v1 committed through a bucket that fails every commit")
     if mode != "fail":
         pub.close()
     # DDP's reducer holds gloo work objects; drop them while the interpreter is whole (torch 2.13

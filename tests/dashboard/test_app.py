@@ -182,12 +182,14 @@ def test_unreadable_bucket_is_a_message(tmp_path):
         demo.close()
 
 
-def test_config_from_flags_and_space_variables():
+def test_config_from_flags_and_space_variables(capsys):
     from dashboard.config import parse_config
 
     with pytest.raises(SystemExit) as e:
         parse_config([], env={})
     assert e.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "error: --bucket URI is required (or set BUCKET to the run's URI" in err
     env = {"BUCKET": "hf://buckets/me/run", "REFRESH_S": "5", "GRADIO_SERVER_NAME": "0.0.0.0"}
     config = parse_config([], env=env)
     got = (config.bucket, config.refresh_s, config.host, config.port)

@@ -192,12 +192,15 @@ def test_every_planned_call_binds_to_the_installed_hfapi(from_owner):
     inspect.signature(HfApi.get_space_runtime).bind(None, "alice/x")
 
 
-def test_spaces_are_private_unless_public_is_asked_for(make_deployer):
+def test_spaces_are_private_unless_public_is_asked_for(make_deployer, capsys):
     assert parse_args([], env={})[0].private_spaces is True
     assert parse_args(["--private-spaces"], env={})[0].private_spaces is True
     assert parse_args(["--public"], env={})[0].private_spaces is False
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         parse_args(["--public", "--private-spaces"], env={})
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --public and --private-spaces contradict each other; give one of them" in err
     text, _, _ = dry_run(make_deployer)
     repos = [ln for ln in text.splitlines() if "create_repo(" in ln]
     # all three are private: the trainer sends its HF token to each (the Wordle WebSocket too)

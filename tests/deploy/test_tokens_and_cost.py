@@ -141,9 +141,11 @@ def test_sleep_time_flag(make_deployer):
 def test_a_nonsense_sleep_time_is_refused(bad, capsys):
     with pytest.raises(ValueError, match=rf"expected --sleep-time SECONDS > 0 .*found {bad}"):
         DeployConfig(sleep_time_s=bad)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         parse_args(["--sleep-time", str(bad)], env={})
-    assert "expected --sleep-time SECONDS > 0" in capsys.readouterr().err
+    assert e.value.code == 2  # argparse's usage error
+    err = capsys.readouterr().err
+    assert f"error: expected --sleep-time SECONDS > 0 (or -1: never sleep), found {bad}" in err
 
 
 def test_duplicated_spaces_get_the_sleep_time_too(make_deployer):
@@ -219,9 +221,11 @@ def test_down_lets_other_hub_errors_through(make_deployer):
 def test_cli_down_flags(monkeypatch, capsys):
     cfg, dry, is_down = parse_args(["--down", "--rollout-space", "a", "--rollout-space", "b"], {})
     assert is_down and not dry and cfg.rollout_spaces == ("a", "b")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         parse_args(["--rollout-space", "a"], env={})
-    assert "use it with --down" in capsys.readouterr().err
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --rollout-space names Spaces to pause: use it with --down" in err
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert main(["--down", "--bucket", "bob/run", "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -242,9 +246,39 @@ def test_make_spaces_down_runs_the_down_command():
     assert '-m tools.deploy_spaces --down --bucket "bob/run"' in out and "--dry-run" in out
 
 
-def test_pause_space_binds_to_the_installed_hfapi():
-    import inspect
+def test_down_pauses_through_the_installed_hfapi(make_deployer):
+    """``down`` with the installed huggingface_hub's real ``HfApi`` (no fake; its HTTP client
+    answered in-process): one POST to each Space's pause route with the deploy token, and a Space
+    the Hub does not know becomes the error that names it."""
+    httpx2 = pytest.importorskip("httpx2")
+    hub_http = pytest.importorskip("huggingface_hub.utils._http")
+    pauses: list[tuple[str, str, str | None]] = []
 
-    from huggingface_hub import HfApi
+    def hub(request):
+        path = request.url.path
+        if not (path.startswith("/api/spaces/") and path.endswith("/pause")):
+            return httpx2.Response(404)  # e.g. huggingface_hub's own /api/agent-harnesses
+        pauses.append((request.method, path, request.headers.get("authorization")))
+        if "/missing/" in path:
+            return httpx2.Response(404, headers={"X-Error-Code": "RepoNotFound"})
+        return httpx2.Response(200, json={"stage": "PAUSED", "hardware": None})
 
-    inspect.signature(HfApi.pause_space).bind(None, repo_id="bob/deltasync-rollout")
+    hub_http.set_client_factory(lambda: httpx2.Client(transport=httpx2.MockTransport(hub)))
+    try:
+        out = io.StringIO()
+        deployer = make_deployer(out=out, owner="bob", rollout_spaces=("a", "b"))  # real HfApi
+        assert deployer.down() == ["bob/a", "bob/b"] and "paused: bob/a, bob/b" in out.getvalue()
+        auth = f"Bearer {TOKEN}"
+        assert pauses == [
+            ("POST", "/api/spaces/bob/a/pause", auth),
+            ("POST", "/api/spaces/bob/b/pause", auth),
+        ]
+        missing = make_deployer(out=io.StringIO(), owner="missing", rollout_spaces=("r",))
+        with pytest.raises(
+            DeployError,
+            match="expected Space missing/r that this HF_TOKEN may pause, found 404: check",
+        ):
+            missing.down()
+        assert pauses[-1] == ("POST", "/api/spaces/missing/r/pause", auth)
+    finally:
+        hub_http.set_client_factory(hub_http.default_client_factory)

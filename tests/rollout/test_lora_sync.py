@@ -10,6 +10,7 @@ command line and environment with and without them."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -181,18 +182,27 @@ def test_rank_above_max_lora_rank_is_refused(tiny_model_dir, bucket, tmp_path):
     tr.close()
 
 
-def test_failed_load_keeps_the_old_version_and_is_retried(tiny_model_dir, bucket, tmp_path):
+def test_failed_load_keeps_the_old_version_and_is_retried(tiny_model_dir, bucket, tmp_path, caplog):
     tr = LoraTrainer(tiny_model_dir, bucket)
     eng, loop = lora_loop(tr, bucket, tmp_path)
     tr.publish()
     loop.poll_once()
     tr.publish()
     eng.fail_load = 1
-    assert loop.poll_once() is None
+    with caplog.at_level(logging.WARNING, logger="rollout.sync"):
+        assert loop.poll_once() is None
     assert loop.served_version == 0 and loop.routes.current.version == 0
-    assert "load of adapter" not in loop.last_error and "EngineControlError" in loop.last_error
+    # reported: the engine's error in last_error and the heartbeat, what failed in the log line
+    engine_error = "EngineControlError: POST /v1/load_lora_adapter: expected 2xx, found 500"
+    assert loop.status == "error" and loop.errors == 1 and loop.last_error == engine_error
+    hb = json.loads(loop.store.read_bytes(heartbeat_path("r0")))
+    assert (hb["status"], hb["held_version"], hb["last_error"]) == ("error", 0, engine_error)
+    logged = [r.getMessage() for r in caplog.records if r.name == "rollout.sync"]
+    what = "load of adapter v1 failed; retrying at the next poll"
+    assert f"{what}: {engine_error} (serving v0, errors=1)" in logged, logged
     rec = loop.poll_once()  # nothing new in the bucket: the held v1 is loaded again
     assert rec.version == 1 and loop.routes.current == Lease("policy-v1", 1)
+    assert loop.status == "ok" and loop.errors == 1  # recovered; the count of errors stays
     assert eng.calls.count(("load", "policy-v1")) == 2
     for n, a in tr.versions[1].items():
         assert np.array_equal(eng.adapters["policy-v1"][n], a), n

@@ -105,12 +105,17 @@ def test_the_command_line_picks_the_task(monkeypatch, capsys):
     monkeypatch.setenv("TASK", "letter_task:TASK")
     small = ["--eval-episodes", "16", "--eval-curve-episodes", "8"]
     assert from_args(small).task().name == "letter"
-    with pytest.raises(SystemExit):  # argparse's error: the TaskError's message, exit 2
+    with pytest.raises(SystemExit) as e:  # argparse's error: the TaskError's message, exit 2
         from_args(["--task", "chess", *small])
+    assert e.value.code == 2
+    assert "error: --task 'chess': expected one of wordle or 'package.module:NAME'" in " ".join(
+        capsys.readouterr().err.split()
+    )
     # more held-out episodes than the task holds (the default 512): refused at once, saying the
     # task's own count
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         from_args([])
+    assert e.value.code == 2
     assert "eval_episodes=512: there are 64 held-out evaluation seeds" in capsys.readouterr().err
 
 
