@@ -13,18 +13,33 @@ request; ``bucket_info``, ``list_bucket_tree`` (per page of 1,000), ``batch_buck
 ``/batch`` POST, plus the Xet write token its upload fetches from
 ``/api/buckets/<id>/xet-write-token`` when it adds files) are API requests.
 
-429: the functions built on huggingface_hub's ``http_backoff`` (``batch_bucket_files``,
-``list_bucket_tree``, ``get_bucket_file_metadata``) already wait the server's ``Retry-After`` and
-retry by themselves, so a 429 they still raise becomes :class:`StoreRateLimitError` at once; the
-reads and ``bucket_info`` do not, so they raise :class:`HubThrottled` and ``Store`` waits and
-retries. Importing this module does not import huggingface_hub.
+429: every 429 becomes :class:`HubThrottled` with the server's ``Retry-After`` (seconds or an
+HTTP date) or ``RateLimit`` reset, and ``Store`` waits it (bounded by its
+``max_retry_after_s``) and retries; only a 429 that outlasts the Store's retries is raised, as
+:class:`StoreRateLimitError`. The functions built on huggingface_hub's ``http_backoff``
+(``batch_bucket_files``, ``list_bucket_tree``, ``get_bucket_file_metadata``) have already waited
+and retried by themselves by then.
+
+hf_xet's own retries (inside ``batch_bucket_files``' upload: 5 attempts from a 3 s delay, for up
+to 6 minutes by default) are bounded to :data:`XET_RETRY_MAX_DURATION` through
+``HF_XET_CLIENT_RETRY_MAX_DURATION``, set by each ``HubBucket`` unless the environment sets it.
+hf_xet reads it when huggingface_hub creates the process's Xet session (its first upload or
+download): a session made before keeps its setting. A 503 on the Xet token route for 25 s held
+one ``Store.write_bytes`` for 47.3 s and 64.6 s (two runs) with hf_xet's default, 29.7 s with
+this bound (local Hub, tools/local_hub). A write that still fails after hf_xet's or
+``http_backoff``'s retries comes out as a plain :class:`StoreError`, which ``Store`` does not
+retry again: the caller (the publisher) retries it. Importing this module does not import
+huggingface_hub.
 """
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
+import os
 import re
 import threading
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -33,7 +48,6 @@ from .errors import (
     StoreBucketNotFoundError,
     StoreError,
     StoreNotFoundError,
-    StoreRateLimitError,
 )
 
 _NET_MODULES = ("httpx", "httpx2", "httpcore")
@@ -41,6 +55,18 @@ _NET_MODULES = ("httpx", "httpx2", "httpcore")
 # Objects up to this size are kept with their ETag for conditional re-reads (manifest,
 # heartbeats, metrics); payload parts are bigger and are read once.
 _CONDITIONAL_MAX_BYTES = 4 << 20
+
+# hf_xet's retry budget for one operation (its ``HF_XET_CLIENT_RETRY_MAX_DURATION``, a duration
+# string), unless the environment sets one: a write fails within about this long when the Hub
+# is down, and Store and the publisher retry it, instead of hf_xet holding it for 6 minutes.
+XET_RETRY_MAX_DURATION = "30s"
+XET_RETRY_ENV = "HF_XET_CLIENT_RETRY_MAX_DURATION"
+
+
+def bound_xet_retries() -> None:
+    """Set hf_xet's retry budget (:data:`XET_RETRY_MAX_DURATION`) unless the user set one; only
+    an Xet session created afterwards reads it."""
+    os.environ.setdefault(XET_RETRY_ENV, XET_RETRY_MAX_DURATION)
 
 
 class HubThrottled(Exception):
@@ -76,6 +102,7 @@ class HubBucket:
         # One dense line per publish is ours to print: huggingface_hub's bars and hf_xet's upload
         # progress (reported through huggingface_hub's reporter) would print per batch.
         disable_progress_bars()
+        bound_xet_retries()  # before the process's Xet session exists (its first upload)
         self.bucket_id = bucket_id
         self.prefix = prefix.strip("/")
         self.token = token
@@ -170,13 +197,8 @@ class HubBucket:
             if resp is None:
                 raise HubTransient(f"{what} {where}: {e}") from e
             code = resp.status_code
-            if retried and code == 429:
-                raise StoreRateLimitError(
-                    f"{what} {where} was rate limited (HTTP 429) after huggingface_hub waited "
-                    "the server's Retry-After and retried. Expected fewer requests per 5 minutes "
-                    "on this token: slow the replicas (POLL_INTERVAL_S) or the dashboard "
-                    "(REFRESH_S), or use separate tokens"
-                ) from e
+            if code == 429:  # Store waits the Retry-After, then retries (after http_backoff's)
+                raise HubThrottled(f"{what} {where}: HTTP 429", _retry_after(resp.headers)) from e
             if retried and (code >= 500 or code == 408):
                 raise StoreError(
                     f"{what} {where}: HTTP {code} after huggingface_hub's retries"
@@ -185,7 +207,7 @@ class HubBucket:
         except Exception as e:
             # hf_xet (Rust) fetches its own Xet token and talks to the CAS: a refused token
             # comes back as a ConnectionError naming the HTTP status, not as an HTTP error.
-            refused = re.search(r"HTTP status client error \((40[13])", str(e))
+            refused = re.search(r"HTTP status client error \((40[13]|429)", str(e))
             if refused:
                 self._fail(_Status(int(refused.group(1))), what, path, write)
             if type(e).__module__.split(".")[0] in _NET_MODULES:
@@ -194,6 +216,12 @@ class HubBucket:
                         f"{what} {where}: {e!r} after huggingface_hub's retries"
                     ) from e
                 raise HubTransient(f"{what} {where}: {type(e).__name__}: {e}") from e
+            if retried and write and isinstance(e, (ConnectionError, TimeoutError)):
+                # hf_xet's upload (a builtin error naming the status), after its own retries
+                budget = os.environ.get(XET_RETRY_ENV, "6m")
+                raise StoreError(
+                    f"{what} {where}: {e} (after hf_xet's retries, {XET_RETRY_ENV}={budget})"
+                ) from e
             raise
 
     def check(self) -> None:
@@ -375,13 +403,21 @@ def _etag(resp) -> str | None:
     return h.get("x-linked-etag") or h.get("etag") or h.get("x-xet-hash")
 
 
-def _retry_after(headers) -> float | None:
-    """Seconds to wait from ``Retry-After`` (seconds) or ``RateLimit`` (``...;t=N``), if any."""
-    value = headers.get("retry-after")
-    if value is not None:
+def _retry_after(headers, now: float | None = None) -> float | None:
+    """Seconds to wait from ``Retry-After`` (seconds, or an HTTP date: the time until it from
+    ``now``, unix s, default the current time) or ``RateLimit`` (``...;t=N``), if any; never
+    negative. Unbounded: ``Store`` caps the wait (``max_retry_after_s``)."""
+    value = (headers.get("retry-after") or "").strip()
+    if value:
         try:
             return max(0.0, float(value))
         except ValueError:
             pass
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            when = None
+        if when is not None and when.tzinfo is not None:
+            return max(0.0, when.timestamp() - (time.time() if now is None else now))
     m = re.search(r"t=(\d+)", headers.get("ratelimit", ""))
     return float(m.group(1)) if m else None

@@ -5,10 +5,13 @@ Supported URIs: a plain path or ``file:///abs/path`` (the local default), ``memo
 ``HfApi``; needs the ``hf`` extra and ``HF_TOKEN``), ``s3://bucket/prefix`` (``s3`` extra).
 Paths given to methods are relative to the URI's root and always use ``/``.
 
-Transient errors are retried with exponential backoff; HTTP 429 waits the ``Retry-After`` the
-server asks for; missing objects, missing buckets and refused credentials fail at once (typed:
-``StoreNotFoundError`` for an object, ``StoreBucketNotFoundError`` / ``StoreAuthError`` for the
-bucket or the token). Importing this module imports neither torch nor huggingface_hub.
+Transient errors are retried with exponential backoff; HTTP 429 (any call on hf://, writes
+included) waits the ``Retry-After`` the server asks for (seconds, an HTTP date or the
+``RateLimit`` reset; at most ``max_retry_after_s``), then retries; missing objects, missing
+buckets and refused credentials fail at once (typed: ``StoreNotFoundError`` for an object,
+``StoreBucketNotFoundError`` / ``StoreAuthError`` for the bucket or the token); a plain
+``StoreError`` from the hf:// layer (after huggingface_hub's and hf_xet's own retries) is not
+retried again. Importing this module imports neither torch nor huggingface_hub.
 
 Hub request budget (``hf://``, code in :mod:`deltasync.hub_store`): the Hub counts *API*
 requests (listings, metadata, writes) and *resolver* requests (file downloads by ``/resolve/``
@@ -163,8 +166,11 @@ class Store:
                 )
                 self.sleep(wait)
                 delay *= 2
-            except (StoreAccessError, StoreNotFoundError, StoreRateLimitError):
-                raise  # already typed, with the bucket and the fix in the message
+            except StoreError:
+                # already typed, with the bucket and the fix in the message; on hf:// a plain
+                # StoreError comes after huggingface_hub's and hf_xet's own retries (or from an
+                # answer that a retry does not change): retrying it here would multiply theirs
+                raise
             except Exception as e:  # classified below: re-raised typed, or retried and logged
                 kind = classify_error(e)
                 where = f"{self.uri}/{path}"

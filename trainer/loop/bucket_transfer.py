@@ -69,6 +69,13 @@ class BucketWeightTransfer:
         Args:
             iterator: (HF checkpoint name, tensor) for every parameter, as TRL streams them; not
                 read in an adapter run (the adapter's tensors from ``adapter_fn`` are published).
+
+        Raises:
+            The error that stopped the publisher (refused credentials, a missing bucket,
+            another writer: ``DeltaPublisher.publish``). A store that fails for a while raises
+            nothing: training goes on and the publisher waits it out (``publisher.outage``,
+            shown on the step line by ``trainer.loop.metrics``); the first sync waits for its
+            commit, as a replica needs it.
         """
         t0 = time.perf_counter()
         if self.adapter_fn is None:

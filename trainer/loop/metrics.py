@@ -1,6 +1,13 @@
 """Trainer metrics in the bucket (``metrics/trainer.json``, ``deltasync.status.TrainerMetrics``),
 rewritten after every logged step so that a dashboard anywhere can read them, plus one dense log
-line per step (written above the progress bar)."""
+line per step (written above the progress bar).
+
+While the store fails, training goes on and the publisher waits the outage out
+(``DeltaPublisher.outage``): each step's line then says ``store=down <s>s pending=<versions>``
+(and ``store=back after <=<s>s`` at the first step after it), and ``logs/steps.jsonl`` carries
+``publish/store_down_s`` and ``publish/pending``; the publisher logs one line when the outage
+starts and one when it ends. ``StepMetrics`` has no field for it: the bucket's file shows the
+committed version standing still."""
 
 from __future__ import annotations
 
@@ -60,9 +67,10 @@ class BucketMetricsCallback(TrainerCallback):
             games (``Task.step_figures``: e.g. Wordle's valid share), or None: none.
 
     The file is written on a thread of its own, newest content first (a write waiting behind a
-    slow one is replaced by the next): a Hub outage stalls hf_xet's upload for minutes (its
-    Xet-token retries back off from 3 s, up to 360 s: docs/BENCHMARKS.md section 13 (the user's journey)), and the
-    training step must not wait for it. A failed write logs one line; the next write carries
+    slow one is replaced by the next): a Hub outage stalls one write for as long as the client's
+    retries last (hf_xet's, bounded to ``deltasync.hub_store.XET_RETRY_MAX_DURATION``, and
+    huggingface_hub's: docs/BENCHMARKS.md section 13, the user's journey), and the training
+    step must not wait for it. A failed write logs one line; the next write carries
     the newer metrics. Evaluations and the end of training wait until their write is done.
     """
 
@@ -95,6 +103,7 @@ class BucketMetricsCallback(TrainerCallback):
         self.fleet = fleet
         self.step_s: list[float] = []
         self._step_t0: float | None = None
+        self._outage = None  # the publisher's outage at the last logged step
 
     @classmethod
     def for_run(cls, stack, publisher, task) -> BucketMetricsCallback:
@@ -197,10 +206,19 @@ class BucketMetricsCallback(TrainerCallback):
         figures = {}
         if games is not None and self.step_figures is not None:
             figures = self.step_figures(dict(games.counts), games.games)
+        outage = getattr(self.publisher, "outage", None)  # deltasync.publisher.PublishOutage
+        store = (
+            {
+                "publish/store_down_s": round(outage.duration_s(), 1),
+                "publish/pending": outage.pending,
+            }
+            if outage is not None
+            else {}
+        )
         if self.log_path is not None:
             played = {f"games/{k}": v for k, v in figures.items()}
             with open(self.log_path, "a") as f:
-                f.write(json.dumps({"step": state.global_step, **logs, **played}) + "\n")
+                f.write(json.dumps({"step": state.global_step, **logs, **played, **store}) + "\n")
         m = StepMetrics(
             step=state.global_step,
             version=entry.version if entry else None,
@@ -232,8 +250,18 @@ class BucketMetricsCallback(TrainerCallback):
             f"v{m.version} replica=v{rv} stale={_fmt(m.stale_fraction, 2)} "
             f"bytes={m.bytes} density={_fmt(m.density, 5)}"
         )
+        msg += self._store_note(outage)
         tqdm.write(msg)  # above the progress bar; the bar's own per-log dict is silenced
         log.debug(msg)
+
+    def _store_note(self, outage) -> str:
+        """The step line's note on a store outage: while it lasts, and once after it ended."""
+        before, self._outage = self._outage, outage
+        if outage is not None:
+            return f" store=down {outage.duration_s():.0f}s pending={outage.pending}"
+        if before is not None:
+            return f" store=back after <={before.duration_s():.0f}s"
+        return ""
 
 
 class _QuietProgress(ProgressCallback):
