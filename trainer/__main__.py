@@ -2,9 +2,8 @@
 
 import json
 import logging
-import signal
-import sys
 
+from trainer import shutdown
 from trainer.config import from_args
 from trainer.local.processes import quiet_libraries
 from trainer.run import run
@@ -15,8 +14,9 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     quiet_libraries()
-    # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so that run() stops its child servers.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so that run() stops its child servers;
+    # a watchdog ends the process and its children if unwinding takes longer than a few seconds.
+    shutdown.install()
     summary = run(from_args())
     if summary:  # rank 0 (or the only process) has the run's summary
         print(json.dumps(summary, indent=1))

@@ -205,7 +205,26 @@ def _spawn(name: str, args: list[str], cwd: str, env: dict, log_dir: str, port: 
             start_new_session=True,  # its own process group: stop() also reaches grandchildren
         )
     log.info("started %s (pid %d, log %s)", name, proc.pid, log_path)
+    _started_groups.add(proc.pid)
     return Child(name, proc, f"http://127.0.0.1:{port}", log_path)
+
+
+# The process groups of every child this process started (each child leads its own group).
+_started_groups: set[int] = set()
+
+
+def kill_started_children() -> int:
+    """SIGKILL the process group of every child this process started (a stop that cannot
+    wait: ``trainer.shutdown``); returns how many groups were still there."""
+    alive = 0
+    for pgid in list(_started_groups):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            alive += 1
+        except ProcessLookupError:
+            pass
+        _started_groups.discard(pgid)
+    return alive
 
 
 def start_env_server(server, log_dir: str) -> Child:
