@@ -36,6 +36,8 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from deltasync import cpu_dtype
+from deltasync.cpu_dtype import DtypeChoice
 from deltasync.publisher_config import PublisherConfig
 from trainer.settings import (
     ADAPTERS,
@@ -81,6 +83,7 @@ __all__ = [  # the sections and their errors, re-exported for callers of the who
     "TrainConfig",
     "from_args",
     "hub_cpu_defaults",
+    "train_dtype",
 ]
 
 log = logging.getLogger("trainer")
@@ -89,8 +92,10 @@ log = logging.getLogger("trainer")
 # (SmolLM2-135M-Instruct; docs/BENCHMARKS.md section 11, "Toward learning on 2 cores"), used for
 # every one of these flags not given on the command line or in the environment (``from_args``):
 # groups of 4 and 6,144 tokens a step (a 135 M-parameter model trains ~100-200 tokens a second
-# there, an episode is ~900 tokens), bf16 autocast over fp32 master weights (~92 -> ~57-66 s a
-# step), 128 held-out games before and after (the paired SE ~0.013) and 32 every 10 steps,
+# there, an episode is ~900 tokens), bf16 autocast over fp32 master weights where bf16 is native
+# (``deltasync.cpu_dtype``: AVX-512 BF16 or AMX, ~92 -> ~57-66 s a step; where it is emulated,
+# as on AVX2 alone, ``hub_cpu_defaults`` trains in float32: autocast was ~26x slower there),
+# 128 held-out games before and after (the paired SE ~0.013) and 32 every 10 steps,
 # turn-level credit (run L7: held-out valid guesses 0.47 -> 0.73 in 40 steps, where without it
 # they reached 0.54), and the game's own reward (``--reward game``, where the task pays it): run
 # G2 raised the held-out game's reward +0.058 +- 0.0068 (z 8.5) and valid guesses 0.47 -> 1.00
@@ -101,7 +106,7 @@ HUB_CPU_DEFAULTS = {
     "num_generations": 4,
     "per_device_train_batch_size": 8,
     "token_budget": 6144,
-    "autocast": True,
+    "autocast": True,  # where bf16 is native on this CPU; hub_cpu_defaults sets it
     "max_steps": 40,
     "eval_episodes": 128,
     "eval_every": 10,
@@ -254,6 +259,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "keep_anchors": ("publish", "keep_anchors", None),
     "diff_on": ("publish", "diff_on", None),
     "takeover": ("publish", "takeover", None),
+    "new_run": ("publish", "new_run", None),
     "warm_start_games": ("warm_start", "games", None),
     "warm_start_epochs": ("warm_start", "epochs", None),
     "model_hidden_size": ("warm_start", "hidden_size", None),
@@ -285,9 +291,13 @@ def _default(flag: str):
 def hub_cpu_defaults(kw: dict, cuda: bool | None = None) -> dict:
     """``kw`` (the flags given) with ``HUB_CPU_DEFAULTS`` (and, for full weights,
     ``HUB_CPU_FULL_LEARNING_RATE``) for those not given, when the run trains a hub model (not
-    ``tiny``) without CUDA (``cuda``: None asks torch); else ``kw``. ``turn_credit`` only for a
-    task with per-turn rewards (``Task.turn_rewards``), ``reward`` only for a task that pays it
-    (``Task.rewards``)."""
+    ``tiny``) without CUDA (``cuda``: None asks torch); else ``kw``. ``autocast`` only where bf16
+    is native on this CPU (``deltasync.cpu_dtype.native_dtype``; elsewhere float32),
+    ``turn_credit`` only for a task with per-turn rewards (``Task.turn_rewards``), ``reward`` only
+    for a task that pays it (``Task.rewards``).
+
+    Raises:
+        deltasync.cpu_dtype.CpuDtypeError: ``DELTASYNC_CPU_DTYPE`` holds an unknown dtype."""
     probe = RunSettings(bucket=kw.get("bucket"), model=kw.get("model"))
     if probe.tiny:
         return kw
@@ -299,6 +309,7 @@ def hub_cpu_defaults(kw: dict, cuda: bool | None = None) -> dict:
         return kw
     full = {"learning_rate": HUB_CPU_FULL_LEARNING_RATE} if kw.get("adapter") is None else {}
     defaults = dict(HUB_CPU_DEFAULTS)
+    defaults["autocast"] = cpu_dtype.native_dtype(cuda=False).bf16  # emulated bf16: float32
     task = _loaded_task(kw.get("task") or RunSettings.task)
     if task is None or task.turn_rewards is None:
         del defaults["turn_credit"]  # a task without per-turn rewards trains as GRPO does
@@ -407,10 +418,10 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     if kw.get("bucket") and "run_id" not in kw:
         kw["run_id"] = kw["bucket"].rstrip("/").split("/")[-1]
     given = dict(kw)
-    kw = hub_cpu_defaults(kw)
     try:
+        kw = hub_cpu_defaults(kw)
         cfg = TrainConfig.from_flags(**kw)
-    except ValueError as e:  # a section refused a value (AdapterConfigError, NetConfigError, ...)
+    except ValueError as e:  # a section refused a value (AdapterConfigError, CpuDtypeError, ...)
         p.error(str(e))
     log.info("%s", model_defaults_line(cfg, given))
     return cfg
@@ -420,7 +431,8 @@ def model_defaults_line(cfg: TrainConfig, given: dict) -> str:
     """One line naming the settings the model chose, not the user: ``HUB_CPU_DEFAULTS`` for a
     hub model without CUDA (:func:`hub_cpu_defaults`), and the learning rate and answer-row tie
     that ``TrainConfig.__post_init__`` sets by model and adapter; ``given``: the flags and
-    variables the user set. Each is overridden by its flag."""
+    variables the user set. Each is overridden by its flag. Then the dtype the run trains in and
+    why (:func:`train_dtype`)."""
     hub_cpu = cfg.run.tiny is False and hub_cpu_defaults(dict(given)) != given
     chosen = [k for k in HUB_CPU_DEFAULTS if hub_cpu and k not in given]
     chosen += [
@@ -429,7 +441,32 @@ def model_defaults_line(cfg: TrainConfig, given: dict) -> str:
     where = "the local model" if cfg.run.tiny else cfg.run.model_id()
     where += " without CUDA (HUB_CPU_DEFAULTS)" if hub_cpu else ""
     pairs = ", ".join(f"--{k.replace('_', '-')} {_flag_value(cfg, k)}" for k in chosen)
-    return f"settings chosen for {where}: {pairs or 'none'} (a flag overrides each)"
+    dtype = train_dtype(cfg.grpo)
+    return (
+        f"settings chosen for {where}: {pairs or 'none'} (a flag overrides each); "
+        f"training dtype {dtype.dtype} ({dtype.reason})"
+    )
+
+
+def train_dtype(grpo: GRPOSettings, cuda: bool | None = None) -> DtypeChoice:
+    """The dtype the forward and backward compute in, and why, in one line: ``bfloat16`` under
+    ``--bf16`` (bf16 weights) or ``--autocast`` (bf16 autocast over float32 master weights), else
+    ``float32``; the reason adds whether bf16 is native on this machine
+    (``deltasync.cpu_dtype.native_dtype``; ``cuda``: None asks torch).
+
+    Raises:
+        deltasync.cpu_dtype.CpuDtypeError: ``DELTASYNC_CPU_DTYPE`` holds an unknown dtype.
+    """
+    machine = cpu_dtype.native_dtype(cuda)
+    if grpo.bf16:
+        how = "--bf16: bf16 weights"
+    elif grpo.autocast:
+        how = "--autocast: bf16 autocast over float32 master weights"
+    else:
+        how = "neither --autocast nor --bf16"
+    return DtypeChoice(
+        "bfloat16" if grpo.bf16 or grpo.autocast else "float32", f"{how}; {machine.reason}"
+    )
 
 
 def _flag_value(cfg: TrainConfig, flag: str):

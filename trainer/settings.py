@@ -251,9 +251,10 @@ class GRPOSettings:
             trains in fp32 and publishes bf16.
         autocast: keep the master weights in fp32 and run the forward and backward under bf16
             autocast, also on a CPU (TRL's ``bf16=True`` with ``use_cpu=True``). The published
-            bits stay the bf16 rounding of the fp32 master, so deltas stay exact. On a 2-core
-            AMD EPYC with ``avx512_bf16``, SmolLM2-135M-Instruct's step went from ~92 s to ~66 s
-            (docs/BENCHMARKS.md section 11, "Toward learning on 2 cores").
+            bits stay the bf16 rounding of the fp32 master, so deltas stay exact. Faster only
+            where bf16 is native (``deltasync.cpu_dtype``: AVX-512 BF16 or AMX, ~92 -> ~66 s a
+            SmolLM2-135M step, docs/BENCHMARKS.md section 11), ~26x slower where it is emulated
+            (AVX2 alone): a hub model without CUDA gets it on only where it is native.
         off_policy: how stale samples are weighed (``trainer.loop.off_policy``): ``off`` (TRL's
             objective; the default: the best measured at every lag of the lag x mode table,
             docs/BENCHMARKS.md section 12 (catch-up against lag), and it costs no recomputation), ``tis`` (truncated

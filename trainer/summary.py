@@ -8,12 +8,15 @@ from __future__ import annotations
 import statistics
 
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics, read_heartbeats
+from trainer.config import train_dtype
 from trainer.loop import ranks
 
 
 def build_summary(cfg, start: dict, trainer_digest: str, parts) -> dict:
     """The summary of a finished run (every field written once; ``run()`` adds ``wall_s`` last):
-    the run's own figures, then each part's ``summary()`` in order.
+    the run's own figures (``train_dtype``, ``bfloat16`` or ``float32``, and
+    ``train_dtype_reason``: the settings and whether bf16 is native on this machine,
+    ``trainer.config.train_dtype``), then each part's ``summary()`` in order.
 
     Args:
         cfg: the run's ``TrainConfig`` (the summary records the update's settings and all of
@@ -27,6 +30,7 @@ def build_summary(cfg, start: dict, trainer_digest: str, parts) -> dict:
             evaluations and the trained weights; None for a part the run does not have.
     """
     grpo = cfg.grpo
+    dtype = train_dtype(grpo)
     summary = {
         "run_id": cfg.run.run_id,
         "bucket": cfg.run.bucket_uri(),
@@ -41,6 +45,8 @@ def build_summary(cfg, start: dict, trainer_digest: str, parts) -> dict:
         "train_s": round(start["train_s"], 1),
         "trainer_model_digest": trainer_digest,
         "trainer_processes": ranks.world(),
+        "train_dtype": dtype.dtype,
+        "train_dtype_reason": dtype.reason,
     }
     for part in parts:
         if part is not None:

@@ -89,12 +89,45 @@ def test_apply_path_choice_and_refusals():
         choose_apply_path(info(), "in-place")
     with pytest.raises(UnsupportedModelError, match="quantized"):
         choose_apply_path(info(device="cuda", quantization="fp8"))
-    with pytest.raises(UnsupportedModelError, match="bfloat16"):
+    with pytest.raises(UnsupportedModelError, match="bfloat16 or float32.*ROLLOUT_DTYPE"):
         choose_apply_path(info(device="cuda", dtype="torch.float16"))
     with pytest.raises(UnsupportedModelError, match="MoE"):
         choose_apply_path(info(device="cuda", moe=True))
     with pytest.raises(ValueError, match="auto"):
         choose_apply_path(info(), "fast")
+
+
+def test_a_model_served_in_float32_takes_the_reload_path_only():
+    """Where bf16 is emulated the replica serves float32 (ROLLOUT_DTYPE): accepted at start-up on
+    the reload path, on CPU and GPU; the in-place path (whose bit-sum check reads parameters as
+    bf16) stays bf16-only, while fp16/fp8 stay refused."""
+    f32 = "torch.float32"
+    assert choose_apply_path(info(dtype=f32)) == "reload"
+    assert choose_apply_path(info(dtype=f32), "reload") == "reload"
+    assert choose_apply_path(info(device="cuda", dtype=f32), "reload") == "reload"
+    with pytest.raises(UnsupportedModelError, match="'in-place' patches bf16 parameters only"):
+        choose_apply_path(info(device="cuda", dtype=f32), "in-place")
+    assert choose_apply_path(info(device="cuda"), "in-place") == "in-place"  # bf16: allowed
+    with pytest.raises(UnsupportedModelError, match="ROLLOUT_DTYPE"):
+        choose_apply_path(info(device="cuda", dtype="torch.float8_e4m3fn"))
+
+
+def test_every_bf16_value_copied_into_a_float32_parameter_keeps_its_bits():
+    """What the reload path does on a float32 replica: vLLM's weight loaders ``copy_`` the bf16
+    checkpoint tensors into float32 parameters. All 65,536 bf16 bit patterns (NaN payloads, +-inf,
+    -0.0, subnormals) come back as the same bits (the float32's upper half, the lower half zero),
+    so a float32 replica serves the version's bits."""
+    import torch
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    bf16 = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    param = torch.empty(bits.shape, dtype=torch.float32)
+    param.copy_(bf16)  # vLLM's default_weight_loader: param.data.copy_(loaded_weight)
+    held = param.view(torch.int32).numpy().view(np.uint32)
+    assert np.array_equal((held >> 16).astype(np.uint16), bits) and not (held & 0xFFFF).any()
+    numbers = ~param.isnan()  # rounding back to bf16 is exact too, but NaN becomes canonical
+    back = param.to(torch.bfloat16).view(torch.int16)
+    assert torch.equal(back[numbers], bf16.view(torch.int16)[numbers])
 
 
 def test_worker_refuses_a_reload_missing_a_fused_shard():

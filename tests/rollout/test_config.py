@@ -1,7 +1,9 @@
 """``RolloutConfig.from_env`` reads what the fields declare: each field with ``metadata["env"]``
 is read from its variable (or a fallback), parsed by the field's type, keeps its own default when
 the variable is unset or blank, and a value that does not parse raises ConfigError naming it.
-The expectations come from the declarations, not from a second list of names and defaults."""
+The expectations come from the declarations, not from a second list of names and defaults.
+``ROLLOUT_DTYPE`` (auto: float32 on the CPU build where bf16 is emulated, else bfloat16) reaches
+vLLM's ``--dtype``, which ``VLLM_EXTRA_ARGS`` may not set."""
 
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ def _sample(f: Field) -> tuple[str, object]:
         return "lora", "lora"
     if f.name == "net":  # a link profile (deltasync.link)
         return "spaces", "spaces"
+    if f.name == "dtype":  # auto, bfloat16 or float32
+        return "float32", "float32"
     if kind is bool:
         return str(not f.default).lower(), not f.default
     if kind in (int, float):
@@ -123,3 +127,48 @@ def test_a_simulated_link_and_a_forced_lag_are_checked(env, expected):
         RolloutConfig.from_env({**REQUIRED, **env})
     cfg = RolloutConfig.from_env({**REQUIRED, "NET": "80:25", "SYNC_EVERY": "4"})
     assert (cfg.net, cfg.sync_every) == ("80:25", 4)
+
+
+def test_the_served_dtype_is_float32_where_bf16_is_emulated_unless_set(monkeypatch):
+    """``ROLLOUT_DTYPE=auto`` follows ``deltasync.cpu_dtype`` on the CPU build (both kinds of
+    CPU simulated), bfloat16 on a GPU build; a set value is used as it is and reaches vLLM's
+    ``--dtype``; anything else is refused, and so is ``--dtype`` in ``VLLM_EXTRA_ARGS``."""
+    import torch  # noqa: F401  (loaded: served_dtype asks deltasync.cpu_dtype in this process)
+
+    from deltasync import cpu_dtype
+    from rollout.launch import served_dtype, vllm_command
+
+    assert RolloutConfig.from_env(REQUIRED).dtype == "auto"
+    for kind in (("float32", "bf16 emulated: AVX2"), ("bfloat16", "bf16 native: AVX512")):
+        monkeypatch.setattr(cpu_dtype, "native_dtype", lambda cuda=None, k=kind: k)
+        assert served_dtype("auto", cpu_build=True) == kind
+        assert served_dtype("auto", cpu_build=False) == (
+            "bfloat16",
+            "a GPU build of vLLM: bf16 native",
+        )
+        assert served_dtype("float32", cpu_build=False) == ("float32", "ROLLOUT_DTYPE=float32")
+    cmd = vllm_command("/m/tiny", 8001, dtype="float32")
+    assert cmd[cmd.index("--dtype") + 1] == "float32"
+    with pytest.raises(ValueError, match="resolve auto"):
+        vllm_command("/m/tiny", 8001, dtype="auto")
+    with pytest.raises(ConfigError, match="ROLLOUT_DTYPE: expected one of auto, bfloat16, float32"):
+        RolloutConfig.from_env({**REQUIRED, "ROLLOUT_DTYPE": "float16"})
+    with pytest.raises(ConfigError, match="may not set --dtype.*ROLLOUT_DTYPE"):
+        RolloutConfig.from_env({**REQUIRED, "VLLM_EXTRA_ARGS": "--dtype=float16"})
+
+
+def test_the_launcher_asks_a_child_process_when_torch_is_not_loaded(monkeypatch):
+    """The front never loads torch: without it, ``served_dtype`` runs ``python -m
+    deltasync.cpu_dtype --json`` (the same choice, with ``DELTASYNC_CPU_DTYPE`` honoured), and a
+    bad override stops the start naming the variable."""
+    import sys
+
+    from rollout.launch import served_dtype
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # restored after the test
+    monkeypatch.setenv("DELTASYNC_CPU_DTYPE", "bfloat16")
+    dtype, reason = served_dtype("auto", cpu_build=True)
+    assert dtype == "bfloat16" and reason.startswith("DELTASYNC_CPU_DTYPE=bfloat16 (this CPU: ")
+    monkeypatch.setenv("DELTASYNC_CPU_DTYPE", "fp8")
+    with pytest.raises(RuntimeError, match="DELTASYNC_CPU_DTYPE: expected auto"):
+        served_dtype("auto", cpu_build=True)

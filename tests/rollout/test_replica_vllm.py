@@ -3,17 +3,21 @@
 Equivalence: after following an anchor and deltas that touch single shards of fused q/k/v and
 gate/up, the replica's greedy tokens, token logprobs, top-5 logprobs and prompt logprobs equal
 those of the same server after a full reload from the trainer's bf16 checkpoint of that version
-(a full reload from a folder is bit-exact with a fresh server started from it; see NOTES-vllm).
-A negative control shows the check catches one stale shard. Faults: a corrupted delta is refused
-while the replica keeps serving its version (requests during the faults succeed), reported in the
-heartbeat, and recovered from the next anchor; a late replica catches up from an anchor; a
-failed apply inside vLLM is repaired by a full reload before generation resumes. The public front
-rejects control calls without the token and does not expose vLLM's dev routes.
+(a full reload from a folder is bit-exact with a fresh server started from it; see NOTES-vllm),
+and every tensor vLLM computes with, read back as bf16 bits, is the version's, in the dtype the
+replica serves (``ROLLOUT_DTYPE=auto``: float32 where bf16 is emulated, which holds each bf16
+value exactly). A negative control shows the check catches one stale shard. Faults: a corrupted
+delta is refused while the replica keeps serving its version (requests during the faults
+succeed), reported in the heartbeat, and recovered from the next anchor; a late replica catches
+up from an anchor; a failed apply inside vLLM is repaired by a full reload before generation
+resumes. The public front rejects control calls without the token and does not expose vLLM's dev
+routes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -24,9 +28,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from deltasync.bf16 import digest
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import heartbeat_path
 from rollout.engine import EngineControlError
+from rollout.launch import served_dtype
 from rollout.server import create_app
 from rollout.staging import write_stage
 from rollout.sync_loop import SyncLoop
@@ -86,6 +92,9 @@ def test_follows_deltas_bit_exact_with_the_trainer_checkpoint(vllm_server, tmp_p
     assert vllm_server.control.weight_version() == str(v)
     for n, a in tr.versions[v].items():  # the replica's checkpoint tensors, bit for bit
         assert np.array_equal(loop.held.tensors[n], a), n
+    assert loop.info.dtype == f"torch.{served_dtype()[0]}"  # auto: float32 on AVX2 alone
+    served = vllm_server.control.served_digests()  # what vLLM computes with, as bf16 bits
+    assert served == {n: digest(a) for n, a in tr.versions[v].items()}
     out = generate(vllm_server.url, vllm_server.model, PROMPTS)
     assert out != out_v0  # the deltas changed the model visibly
     ref = reference(vllm_server, tr, v, tmp_path)
@@ -161,7 +170,7 @@ class BrokenOnce:
         return self.inner.apply(path, mode)
 
 
-def test_failed_apply_is_repaired_before_resuming(vllm_server, tmp_path):
+def test_failed_apply_is_repaired_before_resuming(vllm_server, tmp_path, caplog):
     bucket = str(tmp_path / "bucket")
     tr = Trainer(vllm_server.model, bucket, seed=5)
     loop = new_loop(vllm_server, bucket, "broken", tmp_path)
@@ -169,9 +178,20 @@ def test_failed_apply_is_repaired_before_resuming(vllm_server, tmp_path):
     loop.poll_once()
     v = tr.publish_many(2)
     loop.engine = BrokenOnce(vllm_server.control)
-    assert loop.poll_once() is None  # the apply failed; the full reload repaired it
-    assert not loop.dirty and loop.served_version == v and "apply of" not in (loop.status or "")
-    assert "EngineControlError" in loop.last_error
+    with caplog.at_level(logging.WARNING, logger="rollout.sync"):
+        assert loop.poll_once() is None  # the apply failed; the full reload repaired it
+    # one error (the apply's), reported with the step that failed; the repair then succeeded
+    logged = [r.getMessage() for r in caplog.records if r.name == "rollout.sync"]
+    apply_failed = f"apply of v{v} failed inside vLLM; paused for a full reload: EngineControlError"
+    failed = [i for i, m in enumerate(logged) if m.startswith(apply_failed)]
+    recovered = f"recovered: full reload of v{v} applied"
+    assert len(failed) == 1, logged
+    assert any(m.startswith(recovered) for m in logged[failed[0] + 1 :]), logged
+    assert not loop.dirty and loop.served_version == v and loop.status == "ok"
+    assert loop.errors == 1 and loop.last_error.startswith("EngineControlError: ")
+    hb = json.loads(loop.store.read_bytes(heartbeat_path("broken")))  # what the fleet reads
+    assert hb["status"] == "ok" and hb["held_version"] == v and hb["lag_versions"] == 0
+    assert hb["errors"] == 1 and hb["last_error"] == loop.last_error
     assert not vllm_server.control.is_paused()
     out = generate(vllm_server.url, vllm_server.model, PROMPTS)
     assert out == reference(vllm_server, tr, v, tmp_path)

@@ -1,7 +1,9 @@
 """``trainer.config.from_args``: flags, else the variables ``FLAGS`` declares, else the sections'
 defaults; each flag lands on its section's field. The expectations come from the declarations.
 Adapter settings a run cannot use are refused with what was expected, found and the fix. A hub
-model without CUDA gets settings sized for 2 cores, and a warm start only if it never saw a tool."""
+model without CUDA gets settings sized for 2 cores (bf16 autocast only where bf16 is native, the
+dtype and its reason in the log line and the summary), and a warm start only if it never saw a
+tool."""
 
 from __future__ import annotations
 
@@ -67,8 +69,9 @@ def test_every_flag_lands_on_a_field_of_its_section_and_every_field_is_reachable
 
 
 def test_help_lists_the_flags_by_section(env, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         from_args(["--help"])
+    assert e.value.code == 0  # help printed, not an error
     out = capsys.readouterr().out
     order = [out.index(f"\n{s}:\n") for s in ("run", "fleet", "grpo", "publish", "eval", "adapter")]
     assert order == sorted(order)
@@ -107,10 +110,13 @@ def test_flags_win_over_variables_and_secrets_have_no_flag(env, capsys):
     assert cfg.secrets.hf_token == "hf_secret" and "hf_secret" not in repr(cfg)
     assert "hf_secret" not in repr(cfg.secrets)
     for secret in ("--hf-token", "--rollout-api-key"):
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as e:
             from_args([secret, "x"])
-    with pytest.raises(SystemExit):
+        assert e.value.code == 2
+        assert f"error: unrecognized arguments: {secret} x" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
         from_args(["--help"])
+    assert e.value.code == 0
     assert f"default: $STEPS, else {TrainConfig().grpo.max_steps}" in " ".join(
         capsys.readouterr().out.split()
     )
@@ -196,9 +202,33 @@ def test_an_evaluation_larger_than_the_held_out_set_is_refused():
             TrainConfig.from_flags(**{field: EVAL_SEED_COUNT + 1})
 
 
-def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given(monkeypatch):
-    from trainer.config import HUB_CPU_DEFAULTS, HUB_CPU_FULL_LEARNING_RATE, hub_cpu_defaults
+# The two kinds of CPU, as ``deltasync.cpu_dtype.native_dtype`` reports them.
+NATIVE_BF16 = ("bfloat16", "bf16 native on this CPU: avx512_bf16 yes, amx no, kernels AVX512")
+EMULATED_BF16 = ("float32", "bf16 emulated on this CPU: avx512_bf16 no, amx no, kernels AVX2")
 
+
+def _cpu(monkeypatch, kind: tuple[str, str]) -> None:
+    """Make this machine's CPU report ``kind`` (NATIVE_BF16 or EMULATED_BF16)."""
+    from deltasync import cpu_dtype
+
+    monkeypatch.setattr(cpu_dtype, "native_dtype", lambda cuda=None: cpu_dtype.DtypeChoice(*kind))
+
+
+def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given(
+    monkeypatch, env, caplog
+):
+    import logging
+
+    import torch
+
+    from trainer.config import (
+        HUB_CPU_DEFAULTS,
+        HUB_CPU_FULL_LEARNING_RATE,
+        hub_cpu_defaults,
+        train_dtype,
+    )
+
+    _cpu(monkeypatch, NATIVE_BF16)  # an AVX-512 BF16 (or AMX) processor
     assert hub_cpu_defaults({}, cuda=False) == {}  # the local model keeps its own
     given = {"model": "runs/models/smollm2-135m-instruct", "eval_episodes": 8}
     sized = TrainConfig.from_flags(**hub_cpu_defaults(given, cuda=False))
@@ -230,6 +260,42 @@ def test_a_hub_model_without_cuda_gets_settings_sized_for_two_cores_unless_given
         == TrainConfig.from_flags(adapter="lora", model="m").grpo.learning_rate
     )
     assert lora.grpo.autocast
+    assert train_dtype(sized.grpo) == ("bfloat16", f"--autocast: bf16 autocast over float32 "
+                                       f"master weights; {NATIVE_BF16[1]}")  # fmt: skip
+    # where bf16 is emulated (AVX2 alone): float32, unless --autocast is given
+    _cpu(monkeypatch, EMULATED_BF16)
+    plain = TrainConfig.from_flags(**hub_cpu_defaults(given, cuda=False))
+    assert not plain.grpo.autocast and train_dtype(plain.grpo).dtype == "float32"
+    assert plain.grpo.token_budget == HUB_CPU_DEFAULTS["token_budget"]  # the rest as sized
+    asked = TrainConfig.from_flags(**hub_cpu_defaults({**given, "autocast": True}, cuda=False))
+    assert asked.grpo.autocast and train_dtype(asked.grpo).dtype == "bfloat16"
+    assert hub_cpu_defaults(given, cuda=True) == given  # a GPU: neither
+    # the one log line names the dtype and why: chosen on each CPU, or given by the flag
+    if torch.cuda.is_available():
+        return
+    lines = {}
+    for name, kind, argv in (
+        ("native", NATIVE_BF16, []),
+        ("emulated", EMULATED_BF16, []),
+        ("given", EMULATED_BF16, ["--autocast", "true"]),
+    ):
+        _cpu(monkeypatch, kind)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="trainer"):
+            from_args(["--model", "runs/models/smollm2-135m-instruct", *argv])
+        (lines[name],) = [m for m in caplog.messages if m.startswith("settings chosen")]
+    assert "--autocast True" in lines["native"]
+    assert lines["native"].endswith(
+        "training dtype bfloat16 (--autocast: bf16 autocast over float32 master weights; "
+        f"{NATIVE_BF16[1]})"
+    )
+    assert "--autocast False" in lines["emulated"]
+    assert lines["emulated"].endswith(
+        f"training dtype float32 (neither --autocast nor --bf16; {EMULATED_BF16[1]})"
+    )
+    assert "--autocast" not in lines["given"].partition(";")[0]  # the user's, not chosen
+    assert "training dtype bfloat16 (--autocast: " in lines["given"]
+    assert EMULATED_BF16[1] in lines["given"]
 
 
 def test_a_hub_model_is_warm_started_only_when_it_never_saw_a_tool_unless_asked():
@@ -252,10 +318,16 @@ def test_the_warm_starts_turns_reach_its_settings_and_a_bad_count_stops_the_run(
     assert default == HubWarmStartConfig(games=128, turns=6)  # whole games: the learning runs'
     first = hub_config(from_args(["--model", "m", "--hub-warm-start-turns", "3"]).run, 96)
     assert (first.turns, first.games) == (3, 96)
-    for bad in (["--hub-warm-start-turns", "0"], ["--hub-warm-start-games", "-1"]):
-        with pytest.raises(SystemExit):
-            from_args(["--model", "m", *bad])
-        assert "expected" in capsys.readouterr().err
+    refused = {
+        "--hub-warm-start-turns": "hub_warm_start_turns: expected a count of calls >= 1, found 0",
+        "--hub-warm-start-games": "hub_warm_start_games: expected 0 (no warm start) or more games, "
+        "found -1",
+    }
+    for flag, value in (("--hub-warm-start-turns", "0"), ("--hub-warm-start-games", "-1")):
+        with pytest.raises(SystemExit) as e:
+            from_args(["--model", "m", flag, value])
+        assert e.value.code == 2
+        assert refused[flag] in " ".join(capsys.readouterr().err.split())
 
 
 def test_a_simulated_network_and_a_forced_lag_reach_the_local_replica(env, capsys):
@@ -270,8 +342,9 @@ def test_a_simulated_network_and_a_forced_lag_reach_the_local_replica(env, capsy
     assert RunStack(cfg, FullWeights()).replica_env() == {"NET": "spaces", "SYNC_EVERY": "4"}
     assert RunStack(TrainConfig(), FullWeights()).replica_env() == {}  # the default: neither
     env(NET="moon")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         from_args([])
+    assert e.value.code == 2
     assert "NET='moon': expected local, spaces, slow" in capsys.readouterr().err
 
 
@@ -282,8 +355,9 @@ def test_every_flag_says_what_it_sets_in_help(capsys):
 
     from trainer.config import FLAGS, from_args
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         from_args(["--help"])
+    assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--learning-rate LEARNING_RATE" in text and "(default: $BUCKET, else None)" in text
     shown = [f for f in FLAGS if f"--{f.replace('_', '-')} " in text]
@@ -306,6 +380,24 @@ def test_the_summary_records_every_setting_but_the_secrets():
     assert "secrets" not in record and set(record) >= {"run", "grpo", "publish", "eval"}
     text = json.dumps(record)
     assert "hf_secret_value" not in text and "key_value" not in text
+
+
+def test_the_summary_records_the_training_dtype_and_why(monkeypatch):
+    """``summary.json`` says which dtype the run trained in and why (``train_dtype``,
+    ``train_dtype_reason``): the settings, and whether bf16 is native on the machine."""
+    from trainer.config import hub_cpu_defaults
+    from trainer.summary import build_summary
+
+    start = {"initial_model": "m", "warm_start_s": 0.0, "train_s": 0.0}
+    _cpu(monkeypatch, EMULATED_BF16)
+    plain = TrainConfig.from_flags(**hub_cpu_defaults({"model": "m"}, cuda=False))
+    s = build_summary(plain, start, "digest", [])
+    assert s["train_dtype"] == "float32" and s["settings"]["grpo"]["autocast"] is False
+    assert s["train_dtype_reason"] == f"neither --autocast nor --bf16; {EMULATED_BF16[1]}"
+    _cpu(monkeypatch, NATIVE_BF16)
+    native = TrainConfig.from_flags(**hub_cpu_defaults({"model": "m"}, cuda=False))
+    s = build_summary(native, start, "digest", [])
+    assert s["train_dtype"] == "bfloat16" and s["train_dtype_reason"].endswith(NATIVE_BF16[1])
 
 
 def test_the_settings_the_model_chose_are_named_once(env, caplog):
@@ -339,10 +431,12 @@ def test_the_reward_is_one_the_task_pays_and_defaults_to_its_first(monkeypatch, 
 
     assert TrainConfig().grpo.reward == TASK.rewards[0]
     assert from_args(["--reward", "game"]).grpo.reward == "game" in TASK.rewards
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         from_args(["--reward", "last"])
-    err = capsys.readouterr().err
-    assert "--reward last" in err and ", ".join(TASK.rewards) in err
+    assert e.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "error: --reward last: expected one of the rewards task 'wordle' pays" in err
+    assert f"({', '.join(TASK.rewards)})" in err
     monkeypatch.syspath_prepend(os.path.dirname(__file__))  # letter_task.py, beside this file
     letter = {"task": "letter_task:TASK", "eval_episodes": 8}
     assert TrainConfig.from_flags(**letter).grpo.reward is None

