@@ -172,3 +172,10 @@ def test_the_launcher_asks_a_child_process_when_torch_is_not_loaded(monkeypatch)
     monkeypatch.setenv("DELTASYNC_CPU_DTYPE", "fp8")
     with pytest.raises(RuntimeError, match="DELTASYNC_CPU_DTYPE: expected auto"):
         served_dtype("auto", cpu_build=True)
+
+
+def test_the_full_weights_check_runs_every_ten_minutes_unless_set():
+    assert RolloutConfig.from_env(REQUIRED).check_interval_s == 600.0
+    assert RolloutConfig.from_env({**REQUIRED, "CHECK_INTERVAL_S": "0"}).check_interval_s == 0.0
+    with pytest.raises(ConfigError, match="CHECK_INTERVAL_S must be >= 0 seconds"):
+        RolloutConfig.from_env({**REQUIRED, "CHECK_INTERVAL_S": "-1"})

@@ -10,6 +10,7 @@
 | ``MAX_BODY_BYTES``        | ``max_body_bytes``        | 4194304 (4 MiB)                  |
 | ``POLL_INTERVAL_S``       | ``poll_interval_s``       | 1.0                              |
 | ``HEARTBEAT_INTERVAL_S``  | ``heartbeat_interval_s``  | 10.0                             |
+| ``CHECK_INTERVAL_S``      | ``check_interval_s``      | 600 (0: after recoveries only)   |
 | ``APPLY_PATH``            | ``apply_path``            | auto                             |
 | ``REQUIRE_SYNCED``        | ``require_synced``        | true                             |
 | ``HOST`` / ``PORT``       | ``host`` / ``port``       | 0.0.0.0 / 7860                   |
@@ -125,6 +126,9 @@ class RolloutConfig:
         max_body_bytes: largest request body the front forwards, bytes (413 beyond).
         poll_interval_s: seconds between manifest polls.
         heartbeat_interval_s: seconds between heartbeat writes while nothing changes.
+        check_interval_s: seconds between full-weights checks of what vLLM serves against the
+            verified digests (``SyncLoop.check_served``: every tensor read back through its
+            kernel, no pause; docs/BENCHMARKS.md has its cost); 0: only after each full reload.
         apply_path: ``auto``, ``in-place`` or ``reload`` (see ``rollout.apply_plan``).
         require_synced: answer generation requests 503 until a bucket version is applied.
         host: interface of the public front.
@@ -175,6 +179,7 @@ class RolloutConfig:
     max_body_bytes: int = field(default=DEFAULT_MAX_BODY_BYTES, metadata={"env": "MAX_BODY_BYTES"})
     poll_interval_s: float = field(default=1.0, metadata={"env": "POLL_INTERVAL_S"})
     heartbeat_interval_s: float = field(default=10.0, metadata={"env": "HEARTBEAT_INTERVAL_S"})
+    check_interval_s: float = field(default=600.0, metadata={"env": "CHECK_INTERVAL_S"})
     apply_path: str = field(default="auto", metadata={"env": "APPLY_PATH"})
     require_synced: bool = field(default=True, metadata={"env": "REQUIRE_SYNCED"})
     host: str = field(default="0.0.0.0", metadata={"env": "HOST"})
@@ -208,6 +213,11 @@ class RolloutConfig:
             raise ConfigError("POLL_INTERVAL_S and HEARTBEAT_INTERVAL_S must be > 0")
         if self.sync_every < 1:
             raise ConfigError(f"SYNC_EVERY must be an integer >= 1, found {self.sync_every}")
+        if self.check_interval_s < 0:
+            raise ConfigError(
+                f"CHECK_INTERVAL_S must be >= 0 seconds (0: no scheduled check), found "
+                f"{self.check_interval_s}"
+            )
         try:
             link_for(self.net)
         except LinkProfileError as e:

@@ -332,6 +332,7 @@ def main() -> None:
             public_url=cfg.public_url,
             adapter=adapter_target(cfg),
             sync_every=cfg.sync_every,
+            check_interval_s=cfg.check_interval_s,
         )
         loop.start()  # raises UnsupportedModelError for quantized / MoE models
         app = create_app(
