@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     from trainer.task.tiny_model import checkpoint_tensors, make_tiny_qwen3
 
     root = tempfile.mkdtemp(prefix="bench-check-")
-    model = args.model if args.model != "tiny" else make_tiny_qwen3(os.path.join(root, "tiny"))
+    tiny = args.model == "tiny"
+    model = make_tiny_qwen3(os.path.join(root, "tiny")) if tiny else os.path.abspath(args.model)
     bits = {n: to_bf16_bits(t).copy() for n, t in checkpoint_tensors(model).items()}
     bucket = os.path.join(root, "bucket")
     with DeltaPublisher(bucket) as pub:
