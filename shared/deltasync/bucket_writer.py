@@ -1,7 +1,9 @@
 """What the publisher writes to the bucket: a version's anchor and delta parts, written and
 uploaded in ONE ``Store.write_many`` batch (which also carries the retention deletes already
-due), then ``manifest.json`` last, the commit point (with the writer lease when it is due). Also
-the removal of orphans a writer left when it died before its manifest commit.
+due), then ``manifest.json`` last, the commit point (with the writer lease when it is due). Every
+payload file name carries the writer's id, so no writer ever overwrites a file another committed.
+Also the start of a writer under its lease: the manifest read it resumes from, and the removal of
+orphans a writer left when it died before its manifest commit.
 """
 
 from __future__ import annotations
@@ -47,8 +49,13 @@ class PayloadWriter:
     Args:
         store: the run's store.
         run_id: recorded in every part's metadata.
+        writer: the writer's id, in every payload file name (``manifest.part_name``): a writer
+            never overwrites a file another writer wrote, committed or not.
         part_bytes: size cap of one part file in bytes (larger payloads are split).
         threads: anchor part files hashed in parallel.
+
+    Raises:
+        ValueError: ``writer`` is not 4 to 32 of ``[0-9a-z]``.
 
     Attributes:
         pending_deletes: payload paths dropped by a committed manifest, deleted with the next
@@ -56,8 +63,10 @@ class PayloadWriter:
             writer removes.
     """
 
-    def __init__(self, store: Store, run_id: str, part_bytes: int, threads: int = 2):
+    def __init__(self, store: Store, run_id: str, writer: str, part_bytes: int, threads: int = 2):
         self.store, self.run_id, self.part_bytes = store, run_id, part_bytes
+        self.writer = writer
+        part_name(0, writer)  # a writer id that cannot name a file fails here, not mid-upload
         self.pending_deletes: list[str] = []
         self._pool = ThreadPoolExecutor(threads, "deltasync-hash")
 
@@ -105,7 +114,7 @@ class PayloadWriter:
                         digests,
                         {n: changed[n] for n in names},
                     )
-                    rel = f"{delta_dir(version)}/{part_name(i)}"
+                    rel = f"{delta_dir(version)}/{part_name(i, self.writer)}"
                     delta.files.append(self._put(rel, data, items))
             if anchor is not None:
                 names = sorted(anchor)
@@ -114,7 +123,7 @@ class PayloadWriter:
                 )
                 files = []
                 for i, group in enumerate(groups):
-                    rel = f"{anchor_dir(version)}/{part_name(i)}"
+                    rel = f"{anchor_dir(version)}/{part_name(i, self.writer)}"
                     local = self._anchor_path(rel, items, tmp)
                     deltafile.write_anchor_part(
                         local,
@@ -159,20 +168,6 @@ class PayloadWriter:
         items.append((rel, Path(path)))
         return path
 
-    def remove_orphans(self, manifest: Manifest | None) -> None:
-        """Delete payload files no manifest names (left by a writer that died before its
-        manifest commit). Safe: only the lease holder writes payloads. One listing of the run."""
-        named = set()
-        for v in manifest.versions if manifest else []:
-            for payload in (v.delta, v.anchor):
-                if payload is not None:
-                    named.update(f.path for f in payload.files)
-        found = [p for p in self.store.ls("") if p.startswith(("anchors/", "deltas/"))]
-        orphans = [p for p in found if p not in named]
-        if orphans:
-            log.info("removing %d orphaned payload files, e.g. %s", len(orphans), orphans[:3])
-            self.store.rm(orphans)
-
 
 def read_manifest(store: Store) -> Manifest | None:
     """The run's manifest, or None where there is none yet.
@@ -193,6 +188,109 @@ def read_manifest(store: Store) -> Manifest | None:
         ) from e
 
 
+def payload_files(store: Store) -> list[str]:
+    """Every payload file under the run's ``anchors/`` and ``deltas/`` (one listing), sorted;
+    temporary files of an interrupted local write included, as they are orphans too."""
+    return sorted(p for p in store.ls("") if p.startswith(("anchors/", "deltas/")))
+
+
+def read_manifest_at_start(
+    store: Store, lease: LeaseKeeper, new_run: bool
+) -> tuple[Manifest | None, list[str]]:
+    """The manifest a writer resumes from, read under its lease, and the run's payload files
+    (listed after the read).
+
+    A manifest that is not found means a new run only where no payload file is there either:
+    otherwise the read may have been a spurious not-found (a stale read) of a live run, or the
+    manifest was lost, and starting over would drop every committed version. Such a read is tried
+    once more; if it is still not found, the writer refuses to start unless ``new_run``.
+
+    Args:
+        lease: this writer's lease, taken (:meth:`LeaseKeeper.acquire`); checked first.
+        new_run: start a new run even where payload files but no manifest are found (they are
+            then orphans, deleted by :func:`remove_orphans`).
+
+    Returns:
+        (the manifest, or None for a new run; the payload files found).
+
+    Raises:
+        ManifestError: the manifest is not a valid manifest, or it is not found while payload
+            files are there (and not ``new_run``); nothing was deleted.
+        ConcurrentWriterError: the lease is not this writer's.
+    """
+    lease.check()
+    manifest = read_manifest(store)
+    found = payload_files(store)
+    if manifest is not None or not found:
+        return manifest, found
+    manifest = read_manifest(store)
+    if manifest is not None:
+        log.warning(
+            "%s/%s was not found on the first read but is there on the second: resuming run %r",
+            store.uri,
+            MANIFEST_PATH,
+            manifest.run_id,
+        )
+        return manifest, payload_files(store)
+    if new_run:
+        log.warning(
+            "%s: no %s but %d payload files; starting a new run as asked (new_run): they "
+            "will be deleted",
+            store.uri,
+            MANIFEST_PATH,
+            len(found),
+        )
+        return None, found
+    raise ManifestError(
+        f"{store.uri}: expected {MANIFEST_PATH} to resume a run, or an empty prefix for a new "
+        f"one; found no {MANIFEST_PATH} (two reads) but {len(found)} payload files "
+        f"(e.g. {found[:3]}): a run is there whose manifest did not read, or a trainer that "
+        "died before its first commit. Nothing was deleted. If the store answered not-found by "
+        "mistake, start again; to start a new run on this prefix and delete those files, pass "
+        "new_run=True (PublisherConfig; the trainer's --new-run true); or use another prefix"
+    )
+
+
+def remove_orphans(
+    store: Store, lease: LeaseKeeper, manifest: Manifest | None, found: list[str]
+) -> list[str]:
+    """Delete the payload files in ``found`` that ``manifest`` does not name (left by a writer
+    that died before its manifest commit, or lost its lease), after checking that the lease is
+    still this writer's.
+
+    Args:
+        manifest: the manifest read under the lease (:func:`read_manifest_at_start`), or None
+            for a new run.
+        found: the payload files listed after that read.
+
+    Returns:
+        The paths deleted.
+
+    Raises:
+        ConcurrentWriterError: the lease is not this writer's; nothing was deleted.
+    """
+    named = set()
+    for v in manifest.versions if manifest else []:
+        for payload in (v.delta, v.anchor):
+            if payload is not None:
+                named.update(f.path for f in payload.files)
+    orphans = [p for p in found if p not in named]
+    if orphans:
+        lease.check()
+        log.info("removing %d orphaned payload files, e.g. %s", len(orphans), orphans[:3])
+        store.rm(orphans)
+    return orphans
+
+
+def _older_than(current: Manifest | None, mine: Manifest | None) -> bool:
+    """Whether the manifest just read is older than the one this writer holds (its newest
+    version is below the held one's): a stale read, never a concurrent writer, whose own
+    commits only add versions."""
+    if current is None or mine is None or mine.latest is None:
+        return False
+    return current.latest is None or current.latest.version < mine.latest.version
+
+
 def commit_manifest(
     store: Store,
     lease: LeaseKeeper,
@@ -206,24 +304,56 @@ def commit_manifest(
     in one batch with the lease when due (the manifest last).
 
     Args:
-        mine: the manifest this writer committed last (None before its first).
+        mine: the manifest this writer committed last, or the one it resumed from (None for a
+            new run before its first commit).
         adapter: the run's adapter, recorded in the manifest (None: a full-weight run).
 
     Returns:
         (the committed manifest, the versions retention dropped: their files can go now).
 
     Raises:
-        ConcurrentWriterError: another writer changed the manifest since ``mine``.
-        The lease's errors (``LeaseKeeper.check``) and the store's.
+        ConcurrentWriterError: the lease is not this writer's any more, or another writer
+            changed the manifest since ``mine``; nothing was written. A manifest read that is
+            older than ``mine`` (a stale read) or not found is not one: the commit goes on
+            ``mine``, so no committed version is dropped.
+        The store's errors.
     """
+    lease.check()
     current = read_manifest(store)
+    if _older_than(current, mine):  # a stale read (a cache, a replay): never commit less history
+        log.warning(
+            "%s/%s read as v%s before the commit of v%d, older than the v%s this writer "
+            "committed; committing on the manifest it holds",
+            store.uri,
+            MANIFEST_PATH,
+            current.latest.version if current.latest else None,
+            entry.version,
+            mine.latest.version,
+        )
+        current = mine
     if current is not None and current.writer_id != lease.writer_id:
         if mine is None or current.updated_at != mine.updated_at:
-            raise ConcurrentWriterError(
-                f"{store.uri}: the manifest was changed by writer {current.writer_id!r} "
-                f"while this trainer ({lease.writer_id}) was publishing; stop one of them"
+            expected = (
+                "no manifest (a new run)"
+                if mine is None
+                else f"the one of writer {mine.writer_id!r} at {mine.updated_at:.3f}"
             )
-    lease.check()
+            raise ConcurrentWriterError(
+                f"{store.uri}: expected {expected}, found a manifest committed by writer "
+                f"{current.writer_id!r} at {current.updated_at:.3f} while this trainer "
+                f"({lease.writer_id}) was publishing v{entry.version}; it commits nothing. "
+                "Stop one of the two trainers"
+            )
+    if current is None and mine is not None:  # a spurious not-found: never commit less history
+        log.warning(
+            "%s/%s read as not found before the commit of v%d; committing on the manifest "
+            "this writer holds (%d versions)",
+            store.uri,
+            MANIFEST_PATH,
+            entry.version,
+            len(mine.versions),
+        )
+        current = mine
     versions = list(current.versions) if current else []
     versions = [v for v in versions if v.version < entry.version] + [entry]
     kept = retained(versions, keep_anchors)

@@ -8,6 +8,7 @@ Importing this module does not import torch. Schema and layout: docs/PROTOCOL.md
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from typing import Any, Literal
@@ -22,13 +23,21 @@ from pydantic import (
     model_validator,
 )
 
+from .errors import ManifestError
+
 SCHEMA = "deltasync.manifest/1"
 MANIFEST_PATH = "manifest.json"
 WRITER_PATH = "writer.json"
 # Every payload path a publisher writes: anchor_dir/delta_dir + part_name (docs/PROTOCOL.md).
-# Relative, no '..', no '//', no backslash, nothing outside anchors/ and deltas/.
-PAYLOAD_PATH_PATTERN = r"(anchors|deltas)/v[0-9]{10,}/part-[0-9]{4,}\.safetensors"
+# Relative, no '..', no '//', no backslash, nothing outside anchors/ and deltas/. The file name
+# carries the writer's id, so a writer never overwrites another's file; names without it (buckets
+# written before parts were named per writer) stay valid for readers.
+WRITER_TOKEN_PATTERN = r"[0-9a-z]{4,32}"
+PAYLOAD_PATH_PATTERN = (
+    rf"(anchors|deltas)/v[0-9]{{10,}}/part-[0-9]{{4,}}(-{WRITER_TOKEN_PATTERN})?\.safetensors"
+)
 _PAYLOAD_PATH = re.compile(PAYLOAD_PATH_PATTERN)
+_WRITER_TOKEN = re.compile(WRITER_TOKEN_PATTERN)
 
 
 def anchor_dir(version: int) -> str:
@@ -41,8 +50,22 @@ def delta_dir(version: int) -> str:
     return f"deltas/v{version:010d}"
 
 
-def part_name(i: int) -> str:
-    return f"part-{i:04d}.safetensors"
+def part_name(i: int, writer: str | None = None) -> str:
+    """File name of part ``i`` of a payload written by ``writer`` (a writer id: 4 to 32 of
+    ``[0-9a-z]``), e.g. ``part-0003-5f0c9e2a71b4.safetensors``. ``writer=None`` gives the name
+    without a writer (``part-0003.safetensors``), as buckets written before writer ids hold.
+
+    Raises:
+        ValueError: ``writer`` is not 4 to 32 lowercase letters or digits.
+    """
+    if writer is None:
+        return f"part-{i:04d}.safetensors"
+    if not _WRITER_TOKEN.fullmatch(writer):
+        raise ValueError(
+            f"a writer id in a payload name must be 4 to 32 of [0-9a-z], found {writer!r}; "
+            "use the publisher's own id (uuid4().hex[:12])"
+        )
+    return f"part-{i:04d}-{writer}.safetensors"
 
 
 class _Strict(BaseModel):
@@ -271,7 +294,51 @@ class Manifest(_Strict):
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
-        return cls.model_validate_json(data)
+        """Parse ``manifest.json`` bytes.
+
+        Raises:
+            ManifestParseError (a ManifestError and a ValueError): the bytes are not JSON, not
+                an object, not this schema (pydantic's message names the field), or hold a
+                number out of range (an int beyond int64, a float that is not finite).
+        """
+        try:
+            manifest = cls.model_validate_json(data)
+        except (ValueError, RecursionError) as e:  # pydantic.ValidationError is a ValueError
+            raise ManifestParseError(
+                f"{MANIFEST_PATH} is not a valid {SCHEMA} manifest ({e}); it was damaged or "
+                "not written by a deltasync publisher: restore it or publish a new version"
+            ) from e
+        bad = _out_of_range(manifest)
+        if bad:
+            raise ManifestParseError(
+                f"{MANIFEST_PATH}: expected ints within int64 and finite floats, found {bad}; "
+                "it was damaged or not written by a deltasync publisher"
+            )
+        return manifest
+
+
+class ManifestParseError(ManifestError, ValueError):
+    """``manifest.json`` does not parse as a :class:`Manifest`. Also a ValueError, as pydantic's
+    ValidationError was, so callers that catch ValueError around ``from_json`` still do."""
+
+
+def _out_of_range(m: Manifest) -> str | None:
+    """The first number of a parsed manifest that int64 or a finite float cannot hold, named."""
+    limit = 2**63 - 1
+    ints = [("shape", d) for t in m.model.tensors for d in t.shape]
+    floats = [("updated_at", m.updated_at)]
+    for v in m.versions:
+        ints += [("version", v.version), ("changed", v.changed), ("total", v.total)]
+        ints += [("step", v.step), ("base_version", v.base_version), ("coalesced", v.coalesced)]
+        ints += [("bytes", f.bytes) for p in (v.delta, v.anchor) if p for f in p.files]
+        floats += [("created_at", v.created_at), *v.timings_s.items()]
+    for name, x in ints:
+        if x is not None and not -limit <= x <= limit:
+            return f"{name} = {str(x)[:40]}"
+    for name, x in floats:
+        if not math.isfinite(x):
+            return f"{name} = {x}"
+    return None
 
 
 class WriterLease(_Strict):

@@ -20,15 +20,26 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from . import codec
 from .adapter import check_adapter, check_adapter_names
-from .bucket_writer import PayloadWriter, commit_manifest, read_manifest
-from .errors import ManifestError, ModelMismatchError
+from .bucket_writer import (
+    PayloadWriter,
+    commit_manifest,
+    read_manifest_at_start,
+    remove_orphans,
+)
+from .errors import (
+    ManifestError,
+    ModelMismatchError,
+    StoreAccessError,
+    StoreError,
+    StoreNotFoundError,
+)
 from .lease import LeaseKeeper
 from .manifest import (
     AdapterInfo,
@@ -61,6 +72,66 @@ class _Job:
         return sum(c.n_changed for c in self.changes.values())
 
 
+@dataclass(frozen=True)
+class PublishOutage:
+    """The store failed the publisher's last attempt (after the store's own retries) and
+    publishing waits for it to answer again; training goes on meanwhile.
+
+    Attributes:
+        since: unix s of the first failed attempt of this outage.
+        failures: attempts that failed so far (the store retries each one itself first).
+        last_error: the last failure, ``"<type>: <message>"`` (at most 500 characters).
+        committed: the newest version in the bucket's manifest (the newest replicas can reach),
+            None before the first.
+        newest: the newest version ``publish()`` queued, None before the first; it is published
+            as an anchor when the store answers (the versions between are folded into it).
+        ended_at: unix s of the commit that ended the outage; None while it lasts.
+    """
+
+    since: float
+    failures: int
+    last_error: str
+    committed: int | None = None
+    newest: int | None = None
+    ended_at: float | None = None
+
+    @property
+    def pending(self) -> int:
+        """Versions queued and not committed (0 when nothing waits)."""
+        if self.newest is None:
+            return 0
+        return max(0, self.newest - (-1 if self.committed is None else self.committed))
+
+    def duration_s(self, now: float | None = None) -> float:
+        """Seconds from :attr:`since` to :attr:`ended_at` (while it lasts: to ``now``, unix s,
+        default the current time)."""
+        end = self.ended_at if self.ended_at is not None else (now or time.time())
+        return max(0.0, end - self.since)
+
+    def describe(self) -> str:
+        """One line: how long, how many attempts, what waits, the last error."""
+        first = 0 if self.committed is None else self.committed + 1
+        waiting = f"v{first}..v{self.newest} pending" if self.pending else "nothing pending"
+        return (
+            f"{self.duration_s():.1f}s, {self.failures} failed attempt(s), {waiting} "
+            f"(committed: v{self.committed}); last error: {self.last_error}"
+        )
+
+
+def _is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store failure that waiting may heal (network, 5xx, 429, after the
+    store's own retries): not refused credentials or a missing bucket (``StoreAccessError``),
+    not a missing object (``StoreNotFoundError``), not another writer or a bug."""
+    return isinstance(exc, StoreError) and not isinstance(
+        exc, (StoreAccessError, StoreNotFoundError)
+    )
+
+
+# close() waits this long (s) for an attempt already under way once it has given up on a failing
+# store; the thread is a daemon, so a stuck attempt does not keep the process alive
+_JOIN_AFTER_GIVING_UP_S = 60.0
+
+
 class DeltaPublisher:
     """Publishes model versions to a bucket run as anchors and sparse deltas.
 
@@ -76,12 +147,36 @@ class DeltaPublisher:
             payload is in the bucket and before the manifest names it (the commit point): the seam
             where tests and ``make e2e`` damage an object as a faulty bucket would. It runs on the
             publisher's thread; an exception it raises fails that publish.
+        outage: the store outage publishing is waiting out (:class:`PublishOutage`), or None.
+            A store that fails for a while (network, 5xx, 429 after the store's retries) does not
+            stop publishing: ``publish()`` keeps diffing and queueing (the versions fold into
+            the newest), the thread retries, and the newest version is published as an ANCHOR
+            when the store answers (the delta chain broke; no delta is ever committed whose base
+            is not). Committed versions stay committed.
+        retry_s: (first, longest) seconds between the thread's attempts while the store fails,
+            doubling; each attempt is a whole publish, with the store's own retries inside (on
+            hf:// about 30 s). The longest bounds how long after the store answers the newest
+            version waits for its next attempt.
+        close_wait_s: seconds :meth:`close` waits for a failing store to answer before it gives
+            up on the versions not committed.
+        on_outage: None, or a function called on the publisher's thread with the
+            :class:`PublishOutage` when an outage starts and when it ends (``ended_at`` set).
 
     Raises:
-        ConcurrentWriterError: another trainer holds a fresh writer lease on this run.
-        ManifestError: the existing manifest is unreadable, or belongs to another ``run_id``.
+        ConcurrentWriterError: another trainer holds a fresh writer lease on this run, or took
+            it at the same moment (then this one stops and the other goes on).
+        ManifestError: the existing manifest is unreadable, or belongs to another ``run_id``;
+            or there is no manifest but payload files are there (a run whose manifest did not
+            read, or one that never committed), unless ``config.new_run``. Nothing is deleted.
         AdapterMismatchError: the existing run has another adapter (or is of the other kind).
     """
+
+    retry_s: tuple[float, float] = (1.0, 10.0)
+    close_wait_s: float = 600.0
+    on_outage: Callable[[PublishOutage], None] | None = None
+    _outage: PublishOutage | None = None  # its committed/newest are filled in by _outage_view
+    _outage_t0 = 0.0  # monotonic s of the outage's first failure
+    _reanchor = False  # a version failed: the next one goes as an anchor
 
     def __init__(
         self,
@@ -94,24 +189,31 @@ class DeltaPublisher:
         self.config = config or PublisherConfig()
         self.writer_id = uuid.uuid4().hex[:12]
         self.before_commit: Callable[[VersionEntry], None] | None = None
-        self.manifest = read_manifest(self.store)
-        if self.manifest and run_id and self.manifest.run_id != run_id:
-            raise ManifestError(
-                f"{self.store.uri} holds run {self.manifest.run_id!r}, not {run_id!r}: "
-                "use another bucket prefix for a new run, or pass the same run_id to continue"
-            )
-        if self.manifest:
-            check_adapter(self.manifest.adapter, adapter, f"run {self.manifest.run_id!r}")
         self.adapter = adapter
-        self.run_id = run_id or (self.manifest.run_id if self.manifest else uuid.uuid4().hex[:12])
+        # the lease first: what start-up reads and deletes, it reads and deletes as the writer
         self.lease = LeaseKeeper(
-            self.store, self.run_id, self.writer_id, self.config.lease_s, self.config.takeover
+            self.store, run_id or "", self.writer_id, self.config.lease_s, self.config.takeover
         )
         self.lease.acquire()
+        try:
+            self._start(run_id)
+        except BaseException:  # a publisher that did not start holds nothing
+            try:
+                self.lease.release(also_delete=[])
+            except StoreError as release_error:  # the start's own error is the one to see
+                log.warning(
+                    "writer lease not released after a failed start (%s); it expires after %.0fs",
+                    release_error,
+                    self.config.lease_s,
+                )
+            raise
         self._payloads = PayloadWriter(
-            self.store, self.run_id, self.config.part_bytes, self.config.encode_threads
+            self.store,
+            self.run_id,
+            self.writer_id,
+            self.config.part_bytes,
+            self.config.encode_threads,
         )
-        self._payloads.remove_orphans(self.manifest)
         latest = self.manifest.latest if self.manifest else None
         self._next_version = latest.version + 1 if latest else 0
         self._snap_version: int | None = None
@@ -132,6 +234,23 @@ class DeltaPublisher:
         self._thread.start()
         self.published: list[VersionEntry] = []  # entries committed by this publisher
 
+    def _start(self, run_id: str | None) -> None:
+        """Under the lease: read the manifest to resume from (refusing one of another run or
+        adapter, and a missing one where payload files are), then remove orphans."""
+        self.manifest, found = read_manifest_at_start(self.store, self.lease, self.config.new_run)
+        if self.manifest and run_id and self.manifest.run_id != run_id:
+            raise ManifestError(
+                f"{self.store.uri} holds run {self.manifest.run_id!r}, not {run_id!r}: "
+                "use another bucket prefix for a new run, or pass the same run_id to continue"
+            )
+        if self.manifest:
+            check_adapter(self.manifest.adapter, self.adapter, f"run {self.manifest.run_id!r}")
+        self.run_id = run_id or (self.manifest.run_id if self.manifest else uuid.uuid4().hex[:12])
+        if self.lease.run_id != self.run_id:  # taken before the manifest named the run
+            self.lease.run_id = self.run_id
+            self.lease.refresh()
+        remove_orphans(self.store, self.lease, self.manifest, found)
+
     # ----------------------------------------------------------------------------- trainer side
     def publish(self, named_tensors: Iterable[tuple[str, Any]], step: int | None = None) -> int:
         """Diff the model against the last published snapshot and queue the new version.
@@ -146,7 +265,10 @@ class DeltaPublisher:
 
         Raises:
             ModelMismatchError: names or shapes differ from the first published version.
-            The error of a failed background upload, if one happened since the last call.
+            StoreAccessError, StoreNotFoundError, ConcurrentWriterError, ...: the error that
+                stopped the background thread (refused credentials, a missing bucket, another
+                writer: waiting does not heal them), raised again by every later call. A store
+                that fails for a while raises nothing here: see :attr:`outage`.
         """
 
         def make_job(version):
@@ -278,31 +400,98 @@ class DeltaPublisher:
         )
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every queued version is committed. Raises a background error, if any."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while (self._pending is not None or self._busy) and self._error is None:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"uploads still running after {timeout}s")
-                self._cv.wait(left)
-            self._raise_error()
+        """Wait until every queued version is committed. While the store fails (see
+        :attr:`outage`) it waits for the store to answer again: the thread keeps retrying.
+
+        Args:
+            timeout: the longest wait in seconds; None: no limit.
+
+        Raises:
+            TimeoutError: versions still not committed after ``timeout`` (the message names
+                the outage, if one is on).
+            StoreError: a failing store made :meth:`close` give up on the versions not committed.
+            The error that stopped the background thread, if one did (see :meth:`publish`).
+        """
+        self._wait_committed(timeout, outage_wait_s=None)
 
     def close(self) -> None:
-        """Flush, stop the background thread and release the writer lease."""
+        """Flush, stop the background thread and release the writer lease. A second call does
+        nothing (it raises the error that stopped the thread again, if one did).
+
+        While the store fails it waits up to :attr:`close_wait_s` for it to answer, then stops
+        without committing the rest and leaves the lease to expire (after ``lease_s``).
+
+        Raises:
+            StoreError: the store still failed after ``close_wait_s``; the message names the
+                newest version committed and the ones that were not.
+            The error that stopped the background thread, if one did (see :meth:`publish`).
+        """
+        if self._closed and not self._thread.is_alive():
+            self._raise_error()
+            return
         try:
-            self.flush()
+            self._wait_committed(None, outage_wait_s=self.close_wait_s)
         finally:
             with self._cv:
                 self._closed = True
                 self._cv.notify_all()
-            self._thread.join()
+            gave_up = self._pending is not None or self._busy  # versions not committed
+            self._thread.join(_JOIN_AFTER_GIVING_UP_S if gave_up else None)
             self._pool.shutdown()
             self._diff_pool.shutdown()
             self._payloads.close()
-            if self._error is None:
-                paths = self._payloads.take_deletes()
-                self.lease.release(also_delete=paths)
+            if self._error is None and not gave_up:
+                self._release_lease()
+
+    def _release_lease(self) -> None:
+        """Release the lease with the pending deletes; a failing store leaves it to expire."""
+        paths = self._payloads.take_deletes()
+        try:
+            self.lease.release(also_delete=paths)
+        except StoreError as e:
+            if not _is_outage(e):
+                raise
+            log.warning(
+                "writer lease not released (the store failed: %s); it expires %.0fs after its "
+                "last renewal, and the next writer removes %d orphaned files",
+                e,
+                self.config.lease_s,
+                len(paths),
+            )
+
+    def _wait_committed(self, timeout: float | None, outage_wait_s: float | None) -> None:
+        """Wait until nothing is queued or being published; ``outage_wait_s``: give up when an
+        outage has lasted that long (counted from this call at the earliest)."""
+        t0 = time.monotonic()
+        with self._cv:
+            while (self._pending is not None or self._busy) and self._error is None:
+                now = time.monotonic()
+                left = None if timeout is None else t0 + timeout - now
+                if left is not None and left <= 0:
+                    out = self._outage_view()
+                    why = f"; the store is failing: {out.describe()}" if out else ""
+                    raise TimeoutError(f"versions still not committed after {timeout}s{why}")
+                if self._outage is not None and not self._thread.is_alive():
+                    raise StoreError(self._not_published())  # close() gave up on it
+                if self._outage is not None and outage_wait_s is not None:
+                    out_left = max(t0, self._outage_t0) + outage_wait_s - now
+                    if out_left <= 0:
+                        raise StoreError(self._not_published())
+                    left = out_left if left is None else min(left, out_left)
+                self._cv.wait(left)
+            self._raise_error()
+
+    def _not_published(self) -> str:
+        out = self._outage_view()
+        return (
+            f"{self.store.uri}: v{out.newest} not published: the store kept failing "
+            f"({out.describe()}). Expected it to answer within "
+            f"DeltaPublisher.close_wait_s={self.close_wait_s:.0f}s. "
+            f"Committed: v{out.committed}, which replicas can reach; the newer weights were "
+            "not published. Fix the store or the network and publish them again (a new "
+            "DeltaPublisher on this run continues after the committed version), or raise "
+            "DeltaPublisher.close_wait_s"
+        )
 
     def __enter__(self) -> DeltaPublisher:
         return self
@@ -322,37 +511,154 @@ class DeltaPublisher:
         m = self.manifest
         return m.latest.version if m and m.latest else None
 
+    @property
+    def outage(self) -> PublishOutage | None:
+        """The store outage publishing is waiting out, or None while the store answers (see the
+        class docstring). It changes on the publisher's thread: read it anew after each step."""
+        with self._cv:
+            return self._outage_view()
+
+    def _outage_view(self) -> PublishOutage | None:
+        """The outage with the committed and newest versions filled in (under ``_cv``)."""
+        if self._outage is None:
+            return None
+        newest = self._next_version - 1 if self._next_version > 0 else None
+        return replace(self._outage, committed=self.latest_committed, newest=newest)
+
     def _raise_error(self) -> None:
         if self._error is not None:
             raise self._error
 
     # ----------------------------------------------------------------------- background thread
     def _run(self) -> None:
+        retry_at = 0.0  # monotonic s: after a failed attempt, the next one waits until then
         while True:
+            refresh = False
             with self._cv:
-                while self._pending is None and not self._closed:
+                while not self._closed:
+                    if self._pending is not None:
+                        wait_s = retry_at - time.monotonic()
+                        if wait_s <= 0:
+                            break
+                        self._cv.wait(wait_s)
+                        continue
                     self._cv.wait(self.config.lease_s / 3)
                     if self._pending is None and not self._closed and self.lease.due:
-                        try:
-                            self.lease.refresh()
-                        except Exception as e:  # kept; the trainer sees it on its next call
-                            self._error = e
-                if self._pending is None and self._closed:
-                    return
-                job, self._pending = self._pending, None
-                self._busy = True
+                        refresh = True  # outside the lock: publish() never waits on the store
+                        break
+                if self._closed and (self._pending is None or self._outage is not None):
+                    return  # all committed; or close() gave up on a failing store
+                if not refresh:
+                    job, self._pending = self._take(), None
+                    self._busy = True
+            if refresh:
+                try:
+                    self.lease.refresh()
+                except BaseException as e:
+                    if self._failed(None, e) is None:
+                        return
+                    continue
+                self._answered(None)
+                continue
             try:
                 self._commit(job)
-            except BaseException as e:  # kept and re-raised to the trainer by publish()/flush()
-                log.error("publishing v%d failed: %r", job.version, e)
-                with self._cv:
-                    self._error = e
-                    self._busy = False
-                    self._cv.notify_all()
-                return
-            with self._cv:
-                self._busy = False
+            except BaseException as e:  # an outage is waited out; any other error is kept
+                delay_s = self._failed(job, e)  # and re-raised to the trainer by publish()/flush()
+                if delay_s is None:
+                    return
+                retry_at = time.monotonic() + delay_s
+                continue
+            self._answered(job)
+
+    def _take(self) -> _Job:
+        """The pending job, handed to the thread (under ``_cv``). After a failed version it
+        becomes an anchor: the bucket may lack the base its delta names."""
+        job = self._pending
+        if self._reanchor and job.base_version is not None:
+            # the pending job is the newest queued version: the snapshot holds its bits
+            assert job.version == self._snap_version, (job.version, self._snap_version)
+            anchor = job.anchor if job.anchor is not None else self._snap.copy_bits()
+            job = _Job(
+                job.version,
+                job.step,
+                None,
+                {},
+                anchor,
+                job.digests,
+                job.total,
+                job.coalesced,
+                job.timings,
+            )
+            self._since_anchor = 0
+        return job
+
+    def _failed(self, job: _Job | None, exc: BaseException) -> float | None:
+        """Record a failed publish of ``job`` (None: a lease renewal). A store outage keeps the
+        newest version pending (as an anchor) and returns the seconds until the next attempt;
+        any other error is kept for the trainer and returns None (the thread stops)."""
+        what = f"publishing v{job.version}" if job is not None else "renewing the writer lease"
+        with self._cv:
+            self._busy = False
+            if not _is_outage(exc):
+                log.error("%s failed: %r", what, exc)
+                self._error = exc
                 self._cv.notify_all()
+                return None
+            started = self._outage is None
+            if started:
+                self._outage = PublishOutage(since=time.time(), failures=0, last_error="")
+                self._outage_t0 = time.monotonic()
+            failures = self._outage.failures + 1
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            self._outage = replace(self._outage, failures=failures, last_error=error)
+            if job is not None:
+                self._reanchor = True
+                if self._pending is None:  # it is the newest: kept, to go as an anchor
+                    # (_take turns it into one; no base and no anchor copy here, so that each
+                    # publish() meanwhile folds it in as a delta, without a copy of the model)
+                    base = job.base_version if job.base_version is not None else job.version
+                    self._pending = replace(job, base_version=base, anchor=None)
+                else:  # a newer version waits: it goes as an anchor, this one folded into it
+                    self._pending.coalesced += job.coalesced + 1
+            delay_s = min(self.retry_s[1], self.retry_s[0] * 2 ** (failures - 1))
+            view = self._outage_view()
+            self._cv.notify_all()
+        if started:
+            log.warning(
+                "store outage: %s failed; training goes on, the newest version waits and goes "
+                "as an anchor once the store answers (next attempt in %.1fs): %s",
+                what,
+                delay_s,
+                view.describe(),
+            )
+            self._tell(view)
+        else:
+            log.debug("%s failed again (next attempt in %.1fs): %s", what, delay_s, error)
+        return delay_s
+
+    def _answered(self, job: _Job | None) -> None:
+        """The store took ``job`` (None: a lease renewal): an outage, if one was on, ends."""
+        with self._cv:
+            if job is not None and job.base_version is None:
+                self._reanchor = False
+            ended = None
+            if self._outage is not None:
+                ended = replace(self._outage_view(), ended_at=time.time())
+                self._outage = None
+        if ended is not None:  # told before flush() returns
+            done = f"v{job.version} committed" if job is not None else "the lease renewed"
+            log.warning("store outage over: %s after %s", done, ended.describe())
+            self._tell(ended)
+        with self._cv:
+            self._busy = False
+            self._cv.notify_all()
+
+    def _tell(self, outage: PublishOutage) -> None:
+        if self.on_outage is not None:
+            try:
+                self.on_outage(outage)
+            except Exception:  # a reporting hook must not stop publishing
+                log.exception("on_outage hook failed")
 
     def _commit(self, job: _Job) -> None:
         t0 = time.perf_counter()
@@ -365,9 +671,10 @@ class DeltaPublisher:
         t1 = time.perf_counter()
         changed = {n: ch.n_changed for n, ch in job.changes.items()}
         shapes = self._fingerprint.shapes()
-        delta, anchor = self._payloads.write(
-            job.version, job.base_version, blobs, changed, shapes, job.digests, job.anchor
-        )
+        with self.lease.renewing():  # an upload may outlast the lease; a lost lease raises here
+            delta, anchor = self._payloads.write(
+                job.version, job.base_version, blobs, changed, shapes, job.digests, job.anchor
+            )
         job.anchor = None  # free the copy
         job.timings["write_upload_s"] = time.perf_counter() - t1
         entry = VersionEntry(

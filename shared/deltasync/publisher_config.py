@@ -36,6 +36,10 @@ class PublisherConfig:
             published bits; only changes cross to the host), ``host``, or ``device``.
         lease_s: the writer lease in seconds; another trainer is refused while it is fresh.
         takeover: take the run over even if another writer's lease looks fresh.
+        new_run: start a new run on a prefix that holds payload files but no ``manifest.json``
+            (a trainer that died before its first commit, or a run whose manifest is lost),
+            deleting those files. Off by default: a manifest that reads as missing may be a
+            spurious not-found of a live run, whose history a new run would drop.
 
     Raises (on construction):
         ValueError: ``anchor_every``, ``keep_anchors`` or ``part_bytes`` below 1, or an unknown
@@ -50,6 +54,7 @@ class PublisherConfig:
     encode_threads: int = 2
     lease_s: float = 120.0
     takeover: bool = False
+    new_run: bool = False
     diff_on: str = "auto"
 
     def __post_init__(self):

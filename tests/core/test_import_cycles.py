@@ -98,7 +98,7 @@ def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
 # (README's tree says what each holds). The task knows nothing of the run; the config composes the
 # parts' settings; the fleet and the local children know nothing of TRL; the loop is TRL and what
 # the run adds to it; the stack, the starting point and the summary assemble; run() tells the
-# story; the entry points (make train, make e2e, make eval) drive it.
+# story; the entry points (make train, make e2e, make eval) and their signal handling drive it.
 TRAINER_LAYERS = [
     ["trainer", "trainer.task"],
     ["trainer.settings", "trainer.config"],
@@ -107,7 +107,7 @@ TRAINER_LAYERS = [
     ["trainer.loop"],
     ["trainer.starting_point", "trainer.stack", "trainer.summary"],
     ["trainer.run"],
-    ["trainer.e2e", "trainer.eval_run", "trainer.__main__"],
+    ["trainer.e2e", "trainer.eval_run", "trainer.__main__", "trainer.shutdown"],
 ]
 
 

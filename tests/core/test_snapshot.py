@@ -3,7 +3,7 @@ coalescing composes changes; changes found elsewhere (``publish_changes``) give 
 the replica decodes tensors on several threads, all or nothing. Tests marked ``gpu`` run the
 device path on a CUDA GPU."""
 
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -108,18 +108,19 @@ class Model:
 
 
 def bucket_bytes(uri) -> dict:
-    """Every payload file of a run, parsed (safetensors orders its metadata keys freely), and
-    the manifest's versions without times."""
+    """Every payload file of a run, parsed (safetensors orders its metadata keys freely), by
+    its path without the writer's id, and the manifest's versions without times."""
     store = open_store(uri)
+    m = Manifest.from_json(store.read_bytes(MANIFEST_PATH))
     files = {}
     for p in store.ls(""):
         if p.startswith(("anchors/", "deltas/")):
             part = deltafile.read_part(store.read_bytes(p))
-            files[p] = (part.kind, part.version, part.base_version) + tuple(
+            same_in_every_run = p.replace(f"-{m.writer_id}.", ".")
+            files[same_in_every_run] = (part.kind, part.version, part.base_version) + tuple(
                 (n, t.shape, t.digest, t.changed, t.data.tobytes())
                 for n, t in sorted(part.tensors.items())
             )
-    m = Manifest.from_json(store.read_bytes(MANIFEST_PATH))
     versions = [
         (v.version, v.base_version, v.digest, v.changed, bool(v.anchor), v.coalesced)
         for v in m.versions
@@ -127,18 +128,60 @@ def bucket_bytes(uri) -> dict:
     return {"files": files, "versions": versions}
 
 
+class SlowBucket:
+    """A ``before_commit`` hook: while :meth:`hold` is on, each commit waits at its commit point
+    until :meth:`release`, so versions published meanwhile queue behind it (and fold together)."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._held = False
+        self.reached: list[int] = []  # versions whose commit reached the commit point
+
+    def __call__(self, entry) -> None:
+        with self._cv:
+            self.reached.append(entry.version)
+            self._cv.notify_all()
+            if not self._cv.wait_for(lambda: not self._held, timeout=60):
+                raise TimeoutError(f"v{entry.version}'s commit was held 60 s; no release()")
+
+    def hold(self) -> None:
+        with self._cv:
+            self._held = True
+
+    def release(self) -> None:
+        with self._cv:
+            self._held = False
+            self._cv.notify_all()
+
+    def wait_reached(self, version: int) -> None:
+        with self._cv:
+            assert self._cv.wait_for(lambda: version in self.reached, timeout=60), self.reached
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+
 def publish_run(uri, models_steps, diff_on, coalesce_at=()):
+    """Publish versions 0..5, flushing after each except those in ``coalesce_at``: the first
+    version of a run of those commits held (a slow bucket), so the ones after it queue, and each
+    one still queued when the next is published folds into it."""
     cfg = PublisherConfig(anchor_every=3, diff_on=diff_on, encode_threads=2)
     model = models_steps
+    bucket = SlowBucket()
     with DeltaPublisher(uri, run_id="r", config=cfg) as pub:
-        if coalesce_at:  # a slow bucket: the next version waits while this one commits
-            pub.before_commit = lambda entry: time.sleep(0.3)
+        pub.before_commit = bucket
         pub.publish(model.named(), step=0)
         pub.flush()
         for i in range(1, 6):
             model.step()
-            pub.publish(model.named(), step=i)
+            if i in coalesce_at and not bucket.held:
+                bucket.hold()
+                bucket.wait_reached(pub.publish(model.named(), step=i))  # committing, held
+            else:
+                pub.publish(model.named(), step=i)
             if i not in coalesce_at:
+                bucket.release()
                 pub.flush()
     return bucket_bytes(uri)
 
@@ -203,8 +246,11 @@ def test_coalesced_versions_compose(tmp_path):
         held = HeldWeights()
         DeltaSubscriber(uri).sync(held)
         assert all(np.array_equal(held.tensors[n], b) for n, b in ref.bits().items())
-    for run in (host, dev):  # versions were folded together (how many depends on timing)
-        assert sum(v[5] for v in run["versions"]) >= 1
+    # v2 was queued behind v1's held commit and folded into v3 (v5 queued behind v4 with none
+    # after it to fold into); the device path folds the same versions into the same bytes
+    for run in (host, dev):
+        assert [(v[0], v[5]) for v in run["versions"]] == [(0, 0), (1, 0), (3, 1), (4, 0), (5, 0)]
+    assert dev == host
 
 
 def test_snapshot_rejects_an_unknown_mode():
