@@ -8,11 +8,13 @@ publisher flushes. Unwinding can wait on work that does not look at signals: a t
 signal ends the process ``grace_s`` seconds later in any case: the process group of every child
 this process started is killed (``trainer.local.processes.kill_started_children``) and the process
 exits with the same code, without running the interpreter's shutdown (which would print the
-threads' tracebacks). A second signal does the same at once.
+threads' tracebacks). A second signal does the same at once; a stop that unwinds before any child
+was stopped in order kills the children left at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -37,9 +39,7 @@ def install(grace_s: float = DEFAULT_GRACE_S) -> threading.Event:
     stopping = threading.Event()
 
     def hard_exit(code: int) -> None:
-        from trainer.local.processes import kill_started_children
-
-        kill_started_children()
+        _kill_children()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -56,6 +56,8 @@ def install(grace_s: float = DEFAULT_GRACE_S) -> threading.Event:
         if stopping.is_set():
             hard_exit(code)
         stopping.set()
+        # a stop that unwinds at once (before any child was stopped in order) ends none alive
+        atexit.register(_kill_children)
         log.warning(
             "%s: stopping (children first; at most %.0fs)", signal.Signals(signum).name, grace_s
         )
@@ -65,3 +67,9 @@ def install(grace_s: float = DEFAULT_GRACE_S) -> threading.Event:
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
     return stopping
+
+
+def _kill_children() -> None:
+    from trainer.local.processes import kill_started_children
+
+    kill_started_children()

@@ -12,6 +12,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent(
@@ -26,9 +28,14 @@ SCRIPT = textwrap.dedent(
     child = processes._spawn(
         "sleeper", ["-c", "import time; time.sleep(600)"], {repo!r}, {{}}, {logs!r}, 0
     )
-    print(child.proc.pid, flush=True)
+    if {early}:  # the stop unwinds at once: nothing stopped the child in order
+        print(child.proc.pid, flush=True)
+        time.sleep(600)
     with ThreadPoolExecutor(2) as pool:  # the with waits for its games, deaf to signals
-        list(pool.map(lambda _: time.sleep(600), range(2)))
+        games = [pool.submit(time.sleep, 600) for _ in range(2)]
+        if not {early}:
+            print(child.proc.pid, flush=True)  # the stop comes while the games run
+        [g.result() for g in games]
     """
 )
 
@@ -45,9 +52,15 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_sigterm_ends_the_trainer_and_its_children_within_the_grace(tmp_path):
+@pytest.mark.parametrize("phase", ["games", "start"])
+def test_sigterm_ends_the_trainer_and_its_children_within_the_grace(tmp_path, phase):
+    """``games``: the stop comes while an evaluation's pool runs (the watchdog ends it);
+    ``start``: where the main thread unwinds at once, with nothing that stops the child in order
+    (the children left are killed at exit)."""
     grace = 2.0
-    script = SCRIPT.format(repo=REPO, grace=grace, logs=str(tmp_path / "logs"))
+    script = SCRIPT.format(
+        repo=REPO, grace=grace, logs=str(tmp_path / "logs"), early=phase == "start"
+    )
     proc = subprocess.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
