@@ -269,6 +269,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "eval_curve_episodes": ("eval", "curve_episodes", None),
     "eval_temperature": ("eval", "temperature", None),
     "eval_draws": ("eval", "draws", None),
+    "eval_per_replica": ("eval", "per_replica", None),
     "adapter": ("adapter", "kind", "ADAPTER"),
     "lora_rank": ("adapter", "rank", None),
     "lora_alpha": ("adapter", "alpha", None),

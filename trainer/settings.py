@@ -335,6 +335,11 @@ class EvalSettings:
             paired standard error is taken over the games, so it falls with the sampling noise
             while the held-out words stay the same (``learning_curve.pool_draws``). Each draw
             costs one more evaluation's time.
+        per_replica: games played at once per serving replica (each game holds one request
+            in flight): an evaluation plays ``min(games, serving replicas * per_replica)`` at
+            once, so a one-replica CPU fleet is not sent more games than it serves at once (64 at
+            once kept a 2-core replica's health waiting past its timeout, BENCHMARKS §17). Raise it
+            for GPU replicas (vLLM batches up to its ``max_num_seqs``).
 
     Raises:
         EvalConfigError: ``draws`` below 1 (``__post_init__``); ``episodes`` or
@@ -347,8 +352,14 @@ class EvalSettings:
     curve_episodes: int = 64
     temperature: float = 1.0
     draws: int = 1
+    per_replica: int = 16
 
     def __post_init__(self) -> None:
+        if self.per_replica < 1:
+            raise EvalConfigError(
+                f"eval_per_replica={self.per_replica}: expected 1 or more games at once per "
+                "replica; set --eval-per-replica to e.g. 16"
+            )
         if self.draws < 1:
             raise EvalConfigError(
                 f"eval_draws={self.draws}: expected 1 (each game played once) or more; set "

@@ -150,7 +150,12 @@ class RunStack(contextlib.AbstractContextManager):
         url = self._start_fleet(fixed_urls, discover)
         affinity = self.router.affinity
         return Rollouts(
-            url, self.publisher, self.replica_version, affinity.versions_of, affinity.turn_versions
+            url,
+            self.publisher,
+            self.replica_version,
+            affinity.versions_of,
+            affinity.turn_versions,
+            self.pool.serving_count,
         )
 
     def _start_publisher(self, model_path: str) -> DeltaPublisher:

@@ -13,11 +13,13 @@ import math
 import random
 import statistics
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from trainer.loop.learning_curve import HeldOutEvals, paired_difference, pool_draws
+from trainer.loop.rollouts import Rollouts
 from trainer.settings import EvalConfigError, EvalSettings
 from trainer.task import wordle
 from trainer.task.base import EvalRequest
@@ -26,6 +28,7 @@ from trainer.task.wordle_task import EpisodeStats, eval_seeds
 from wordle_env import wordlists
 
 GAMES = 12
+INFLIGHT = {"now": 0, "peak": 0}  # requests the stand-in replica holds at once
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +40,18 @@ def seeded_replica(real_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
     words = [*wordlists.answers()[:300], "planet", "stream"]
     sent: list[int] = []
+    lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            sent.append(payload["seed"])
+            with lock:
+                sent.append(payload["seed"])
+                INFLIGHT["now"] += 1
+                INFLIGHT["peak"] = max(INFLIGHT["peak"], INFLIGHT["now"])
+            time.sleep(0.02)  # long enough for concurrent games to overlap
+            with lock:
+                INFLIGHT["now"] -= 1
             word = random.Random(payload["seed"]).choice(words)
             text = f'<tool_call>{{"name": "guess", "arguments": {{"word": "{word}"}}}}</tool_call>'
             ids = tokenizer.encode(text, add_special_tokens=False)
@@ -97,7 +107,7 @@ def test_the_run_pools_its_draws_game_by_game(seeded_replica, wordle_url, real_m
         EvalSettings(episodes=GAMES, draws=2),
         wordle.TASK,
         target,
-        None,
+        Rollouts(None),
         lambda *a: recorded.append(a),
     )
     evals.play("before", 0, None, GAMES, draws=2)
@@ -116,6 +126,26 @@ def test_the_run_pools_its_draws_game_by_game(seeded_replica, wordle_url, real_m
         (one[0]["valid_guess_rate"] + one[1]["valid_guess_rate"]) / 2, abs=1e-4
     )
     assert recorded[0][0] == "before" and recorded[0][3] is block
+
+
+@pytest.mark.parametrize("serving", [1, 2])
+def test_an_evaluation_sends_each_serving_replica_at_most_its_share_at_once(
+    seeded_replica, wordle_url, real_model_dir, serving
+):
+    """The games played at once are ``serving replicas x per_replica``: the replica never holds
+    more requests than that, and two replicas are sent more than one replica's share."""
+    target = EvalRequest(seeded_replica[0], real_model_dir, wordle_url, "m", 64)
+    evals = HeldOutEvals(
+        EvalSettings(episodes=GAMES, per_replica=3),
+        wordle.TASK,
+        target,
+        Rollouts(None, serving_count=lambda: serving),
+        lambda *a: None,
+    )
+    INFLIGHT["peak"] = 0
+    evals.play("before", 0, None, GAMES)
+    assert 3 * (serving - 1) < INFLIGHT["peak"] <= 3 * serving
+    assert evals.blocks["before"]["episodes"] == GAMES
 
 
 def _block(rewards: list[float]) -> dict:
@@ -148,6 +178,8 @@ def test_more_draws_shrink_the_paired_standard_error_of_the_same_games():
 def test_bad_draws_are_refused_with_the_fix():
     with pytest.raises(EvalConfigError, match="eval_draws=0.*--eval-draws"):
         EvalSettings(draws=0)
+    with pytest.raises(EvalConfigError, match="eval_per_replica=0.*--eval-per-replica"):
+        EvalSettings(per_replica=0)
     with pytest.raises(ValueError, match="same games"):
         pool_draws([_block([0.1, 0.2]), _block([0.1, 0.2, 0.3])])
     with pytest.raises(ValueError, match="draw >= 0"):

@@ -351,6 +351,11 @@ class ReplicaPool:
                 for r in self.replicas.values()
             ]
 
+    def serving_count(self) -> int:
+        """How many replicas serve now (state ``serving``)."""
+        with self.lock:
+            return sum(r.state == "serving" for r in self.replicas.values())
+
     def oldest_serving_version(self) -> int | None:
         """The oldest version any serving (or draining) replica holds: the version to tag new
         rollouts with when it is not known which replica generates them."""

@@ -75,10 +75,16 @@ class HeldOutEvals:
             return
         t0 = time.time()
         seeds = self.task.eval_seeds(games)
+        serving = max(1, self.rollouts.serving_count())
+        workers = min(games, serving * self.settings.per_replica)
+        log.info(
+            "eval %s: %d games, %d at a time (%d serving replica(s) x %d, --eval-per-replica)",
+            label, games, workers, serving, self.settings.per_replica,
+        )
         block = pool_draws(
             [
                 self.task.evaluate(
-                    dataclasses.replace(self.target, draw=d),
+                    dataclasses.replace(self.target, draw=d, workers=workers),
                     seeds,
                     self.settings.temperature,
                     per_seed=True,

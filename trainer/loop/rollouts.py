@@ -22,6 +22,7 @@ class Rollouts:
             turns (the router's ``EpisodeAffinity.versions_of``), for per-sample staleness.
         turn_versions: ``f(token_ids) -> [(turn end, version)]`` (``EpisodeAffinity.turn_versions``),
             for the off-policy correction.
+        serving_count: ``f() -> int``: how many replicas serve now (the evaluations' sizing).
     """
 
     url: str | None
@@ -29,6 +30,7 @@ class Rollouts:
     served_version: Callable[[], int | None] = lambda: None
     sample_versions: Callable | None = None
     turn_versions: Callable | None = None
+    serving_count: Callable[[], int] = lambda: 1
 
 
 def wait_for_version(version_fn, version: int, timeout_s: float = 600.0) -> None:

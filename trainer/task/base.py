@@ -60,6 +60,7 @@ class EvalRequest:
             same draw replays the same tokens on the same weights (the paired comparison's
             common random numbers) and another draw samples other tokens on the same episodes
             (``EvalSettings.draws``).
+        workers: episodes played at once (``HeldOutEvals`` sizes it to the serving replicas).
     """
 
     replica_url: str
@@ -68,6 +69,7 @@ class EvalRequest:
     model_name: str | None
     max_tokens: int
     draw: int = 0
+    workers: int = 16
 
 
 @dataclass(frozen=True)

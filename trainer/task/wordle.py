@@ -29,6 +29,7 @@ def _evaluate(request: EvalRequest, seeds: list, temperature: float, per_seed: b
         seeds,
         request.max_tokens,
         temperature,
+        workers=request.workers,
         per_seed=per_seed,
         model_name=request.model_name,
         draw=request.draw,
