@@ -79,7 +79,11 @@ class HeldOutEvals:
         workers = min(games, serving * self.settings.per_replica)
         log.info(
             "eval %s: %d games, %d at a time (%d serving replica(s) x %d, --eval-per-replica)",
-            label, games, workers, serving, self.settings.per_replica,
+            label,
+            games,
+            workers,
+            serving,
+            self.settings.per_replica,
         )
         block = pool_draws(
             [
