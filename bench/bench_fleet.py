@@ -34,6 +34,10 @@ MAX_TOKENS = 16  # 64 ms per request
 CLIENTS_PER_REPLICA = 4
 SECONDS = 4.0
 BODY = {"model": "m", "prompt": [1, 2, 3], "max_tokens": MAX_TOKENS}
+ROUTER_KEY = (
+    "bench-fleet-key"  # the router's run key (FleetRouter(key=)); a fake replica ignores it
+)
+AUTH = {"Authorization": f"Bearer {ROUTER_KEY}"}
 
 
 def _serve_fakes(n: int, per_token_s: float, out) -> None:
@@ -50,7 +54,7 @@ def _serve_router(urls: list[str], out) -> None:
     from trainer.local.processes import free_port
 
     pool = ReplicaPool(urls, health_interval_s=5.0).start()
-    out.send(FleetRouter(pool, wait_s=30.0).start(free_port()))
+    out.send(FleetRouter(pool, wait_s=30.0, key=ROUTER_KEY).start(free_port()))
     time.sleep(3600)
 
 
@@ -69,7 +73,7 @@ async def _load(url: str, clients: int, seconds: float) -> int:
 
     done = 0
     deadline = time.monotonic() + seconds
-    pools = [httpx.AsyncClient(timeout=30) for _ in range((clients + 3) // 4)]
+    pools = [httpx.AsyncClient(timeout=30, headers=AUTH) for _ in range((clients + 3) // 4)]
 
     async def client(c: httpx.AsyncClient) -> None:
         nonlocal done
@@ -108,7 +112,7 @@ def overhead_ms(requests: int = 300) -> dict:
     out = {}
     try:
         for name, base in (("direct", urls[0]), ("router", url)):
-            with httpx.Client(timeout=30) as c:
+            with httpx.Client(timeout=30, headers=AUTH) as c:
                 for _ in range(20):
                     c.post(f"{base}/v1/completions", json=BODY)
                 times = []
@@ -146,7 +150,7 @@ def router_cpu(in_flight: int = 64, seconds: float = 10.0) -> dict:
         done = 0
         deadline = time.monotonic() + seconds
         connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with aiohttp.ClientSession(connector=connector, headers=AUTH) as session:
 
             async def client() -> None:
                 nonlocal done

@@ -88,6 +88,7 @@ def start_server(max_sessions: int) -> tuple[subprocess.Popen[bytes], str]:
         "WORDLE_HOST": "127.0.0.1",
         "WORDLE_LOG_LEVEL": "warning",
         "WORDLE_MAX_SESSIONS": str(max_sessions),
+        "WORDLE_MAX_SESSIONS_PER_CLIENT": str(max_sessions),  # every session is this process's
         "GRADIO_ANALYTICS_ENABLED": "False",
     }
     proc = subprocess.Popen([sys.executable, "-m", "wordle_env.server.app"], cwd=SPACE_DIR, env=env)

@@ -25,7 +25,11 @@ deploy token is reused and a warning says how to make a narrower one.
 how to restart them.
 
 ``--dry-run`` prints every Hub call it would make (secrets masked) and makes none. Secret values are
-never printed, logged or written (the generated CONTROL_TOKEN alone is kept, in a 0600 file).
+never printed, logged or written, except the generated CONTROL_TOKEN, ROLLOUT_API_KEY and
+WORDLE_API_KEY, each kept in a 0600 file under ``runs/spaces/`` and reused by every later deploy
+(a public rollout or Wordle Space always gets its key; the printed ``make train`` line reads it
+from that file). Visibility: everything is private unless ``--public``; a deploy that finds a
+repo of the other visibility (``exist_ok`` leaves it as it was) sets it and says so.
 huggingface_hub is imported only when a deploy runs, so importing ``deltasync`` stays light.
 """
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import sys
 import tempfile
 import time
@@ -79,6 +84,10 @@ class Deployer:
         self.clock = clock
         self.owner: str | None = config.owner
         self.control_token_generated = False
+        # the 0600 files of the keys the trainer must send, by variable (ROLLOUT_API_KEY, ...)
+        self.key_files: dict[str, str] = {}
+        # private Spaces that an earlier public deploy gave a key: (Space name, variable)
+        self.stale_keys: list[tuple[str, str]] = []
         # the last runtime (``SpaceRuntime.raw``) seen per repo id while waiting
         self.runtimes: dict[str, dict] = {}
 
@@ -103,7 +112,7 @@ class Deployer:
     def next_step(self, owner: str) -> str:
         """The ``make train ...`` line that trains against the deployed Spaces and bucket, with
         the URLs the Hub reported for them while waiting (:meth:`space_urls`)."""
-        return next_step(self.cfg, owner, self.specs(owner), self.space_urls(owner))
+        return next_step(self.cfg, owner, self.specs(owner), self.space_urls(owner), self.key_files)
 
     def space_urls(self, owner: str) -> dict[str, str]:
         """Each Space's URL by key: the domain its last runtime reported (``runtime_url``: a
@@ -155,6 +164,8 @@ class Deployer:
                 "(or export HF_TOKEN)"
             )
         owner = self._resolve_owner(dry_run)
+        self._keep_secrets(owner, dry_run)  # saved before the first Hub call that writes
+        self._keep_run_key(dry_run)  # RUN_PUBLIC_KEY: replicas serve only what it signed
         calls = self.plan(owner)
         check_hardware(self.specs(owner))
         tag = "would call: " if dry_run else ""
@@ -168,6 +179,8 @@ class Deployer:
                 self._print(tag + call.render())
                 if not dry_run:
                     getattr(self.api, call.fn)(**call.kwargs)
+                self._enforce_visibility(call, dry_run)
+                self._drop_stale_keys(owner, call, dry_run)
                 continue
             with tempfile.TemporaryDirectory(prefix="deltasync-space-") as tmp:
                 staged = stage_space(c.repo_root, call.stage.folder, tmp, call.stage.own_context)
@@ -175,8 +188,6 @@ class Deployer:
                 if not dry_run:
                     self.api.upload_folder(folder_path=tmp, **call.kwargs)
         specs = self.specs(owner)
-        if not dry_run and self.control_token_generated:
-            self._save_control_token(owner, specs[0].name)
         if not dry_run and c.wait:
             self.wait_running([f"{owner}/{s.name}" for s in specs])
         line = self.next_step(owner)
@@ -189,6 +200,14 @@ class Deployer:
         self._print(f"   bucket: hf://buckets/{owner}/{c.bucket_name}")
         self._print("\nNext, train against them:\n")
         self._print(f"  {line}\n")
+        for var, key in (
+            ("ROLLOUT_API_KEY", c.rollout_api_key),
+            ("WORDLE_API_KEY", c.wordle_api_key),
+        ):
+            if key and var not in self.key_files:
+                self._print(
+                    f"(the trainer reads {var} from the environment: keep the one you gave)"
+                )
         return line
 
     def down(self, dry_run: bool = False) -> list[str]:
@@ -244,15 +263,153 @@ class Deployer:
             )
         return repo_ids
 
-    def _save_control_token(self, owner: str, space: str) -> None:
-        """Keep a generated CONTROL_TOKEN in a 0600 file under runs/ (its value is not printed)."""
+    def _keep_secrets(self, owner: str, dry_run: bool) -> None:
+        """Fill in the secrets that were not given, each kept in a 0600 file under the state dir
+        so that every deploy reuses it: the rollout Space's CONTROL_TOKEN always; its
+        ROLLOUT_API_KEY and the Wordle Space's WORDLE_API_KEY when the Spaces are public. A
+        private Space gets no key (the Hub lets only the owner's tokens reach it, and the
+        trainer's ``Authorization`` carries the HF token there): one that an earlier public
+        deploy gave a key has it deleted (:meth:`_drop_stale_keys`), the file kept for the next
+        public deploy. A new one is saved before any Hub call that writes, so a failed deploy
+        cannot lose it. A dry run reads saved files and writes none."""
+        c = self.cfg
+        rollout, wordle = f"{c.prefix}-rollout", f"{c.prefix}-wordle"
+        if c.control_token is None:
+            saved = os.path.exists(self._secret_path(owner, rollout, "CONTROL_TOKEN"))
+            c.control_token, _ = self._kept_secret(owner, rollout, "CONTROL_TOKEN", True, dry_run)
+            self.control_token_generated = not saved
+        public = not c.private_spaces
+        for attr, space, var in (
+            ("rollout_api_key", rollout, "ROLLOUT_API_KEY"),
+            ("wordle_api_key", wordle, "WORDLE_API_KEY"),
+        ):
+            if not public:
+                if os.path.exists(self._secret_path(owner, space, var)):
+                    self.stale_keys.append((space, var))
+                setattr(c, attr, None)
+            elif getattr(c, attr) is None:
+                key, path = self._kept_secret(owner, space, var, public, dry_run)
+                if key is not None:
+                    setattr(c, attr, key)
+                    self.key_files[var] = path
+
+    def _keep_run_key(self, dry_run: bool) -> None:
+        """Set ``RUN_PUBLIC_KEY`` from the run key in ``<state_dir>/run_key.pem`` (the trainer's
+        default ``RUN_KEY``), made once (mode 0600) and reused by every later deploy; a dry run
+        makes none. The private key is never printed.
+
+        Raises:
+            deltasync.errors.KeyFileError: the saved key file is readable by group or others
+                (fix: ``chmod 600``) or not a key.
+        """
+        from deltasync.signing import KEY_FILE_NAME, RunKey, load_or_create
+
+        if self.cfg.run_public_key is not None:
+            return
         folder = self.cfg.state_dir or os.path.join(self.cfg.repo_root, "runs", "spaces")
-        path = os.path.join(folder, f"{owner}--{space}.control_token")
-        os.makedirs(folder, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        path = os.path.join(folder, KEY_FILE_NAME)
+        if dry_run and not os.path.exists(path):
+            self._print(f"would save a new run key to {path} (mode 0600)")
+            self.cfg.run_public_key = RunKey.generate().public_key
+            return
+        key, made = (RunKey.load(path), False) if dry_run else load_or_create(path)
+        self.cfg.run_public_key = key.public_key
+        self._print(
+            f"run key {'saved to' if made else 'reused from'} {path} (mode 0600): the trainer "
+            f"signs every version with it (RUN_KEY), the rollout Space serves only those "
+            f"(RUN_PUBLIC_KEY={key.public_key})"
+        )
+
+    def _secret_path(self, owner: str, space: str, var: str) -> str:
+        folder = self.cfg.state_dir or os.path.join(self.cfg.repo_root, "runs", "spaces")
+        return os.path.join(folder, f"{owner}--{space}.{var.lower()}")
+
+    def _kept_secret(
+        self, owner: str, space: str, var: str, create: bool, dry_run: bool
+    ) -> tuple[str | None, str]:
+        """(value, path) of secret ``var`` of ``owner/space``: the saved file's if there is one
+        (made 0600 again if it was not), else with ``create`` a new one, written to the file
+        (mode 0600) unless ``dry_run``; else (None, path). Prints where, never the value.
+
+        Raises:
+            DeployError: the saved file is empty.
+        """
+        path = self._secret_path(owner, space, var)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                value = f.read().strip()
+            if not value:
+                raise DeployError(
+                    f"expected the {var} of {owner}/{space} in {path}, found an empty file: "
+                    "delete it to generate a new one (then redeploy every Space that uses it)"
+                )
+            if stat.S_IMODE(os.stat(path).st_mode) & 0o077:
+                os.chmod(path, 0o600)
+                self._print(f"{path} was readable by others: made it mode 0600")
+            self._print(f"{var} of {owner}/{space}: reusing the one saved in {path}")
+            return value, path
+        if not create:
+            return None, path
+        value = secrets.token_urlsafe(32)
+        if dry_run:
+            self._print(f"would save a new {var} of {owner}/{space} to {path} (mode 0600)")
+            return value, path
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(self.cfg.control_token + "\n")
-        self._print(f"CONTROL_TOKEN of {owner}/{space} saved to {path} (mode 0600)")
+            f.write(value + "\n")
+        self._print(f"{var} of {owner}/{space} saved to {path} (mode 0600)")
+        return value, path
+
+    def _drop_stale_keys(self, owner: str, call: HubCall, dry_run: bool) -> None:
+        """After a private Space's create call: delete the key secret an earlier public deploy
+        set (``delete_space_secret``), so that the trainer, which sends its HF token to a
+        private Space, is not refused by the Space's front; one line says so."""
+        if call.fn not in ("create_repo", "duplicate_repo"):
+            return
+        repo_id = call.kwargs.get("repo_id") or call.kwargs["to_id"]
+        for space, var in self.stale_keys:
+            if repo_id != f"{owner}/{space}":
+                continue
+            delete = HubCall("delete_space_secret", dict(repo_id=repo_id, key=var))
+            self._print(
+                ("would call: " if dry_run else "")
+                + f"{delete.render()}  (private now: the Hub checks who may call it; "
+                f"{var} is kept in {self._secret_path(owner, space, var)} for a public deploy)"
+            )
+            if not dry_run:
+                self.api.delete_space_secret(**delete.kwargs)
+
+    def _enforce_visibility(self, call: HubCall, dry_run: bool) -> None:
+        """After ``create_bucket``/``create_repo``/``duplicate_repo`` (``exist_ok``, which leaves
+        an existing repo as it is): read the repo's visibility and, where it differs from the
+        one asked for, set it (``update_bucket_settings`` / ``update_repo_settings``) and say so
+        in one line. So a deploy without ``--public`` makes Spaces an earlier ``--public`` deploy
+        left public private again."""
+        kw = call.kwargs
+        if call.fn == "create_bucket":
+            kind, rid, want = "bucket", kw["bucket_id"], kw["private"]
+            update = HubCall("update_bucket_settings", dict(bucket_id=rid, private=want))
+        elif call.fn in ("create_repo", "duplicate_repo"):
+            kind, rid, want = "Space", kw.get("repo_id") or kw["to_id"], kw["private"]
+            update = HubCall(
+                "update_repo_settings", dict(repo_id=rid, repo_type="space", private=want)
+            )
+        else:
+            return
+        wanted = "private" if want else "public"
+        if dry_run:
+            self._print(f"would check: {kind} {rid} is {wanted}, else {update.render()}")
+            return
+        if kind == "bucket":
+            found = self.api.bucket_info(bucket_id=rid).private
+        else:
+            found = self.api.space_info(repo_id=rid).private
+        if bool(found) == want:
+            return
+        getattr(self.api, update.fn)(**update.kwargs)
+        was = "private" if found else "public"
+        self._print(f"{kind} {rid} was {was}: made it {wanted} ({update.render()})")
 
     def wait_running(self, repo_ids: list[str]) -> None:
         """Poll ``get_space_runtime`` until every Space is RUNNING, printing progress.

@@ -15,9 +15,11 @@
 
 Each step prints one line (its wall time and what the user sees); the commands' output goes to
 ``<root>/logs/``; the figures (steps, requests per token and class counted at the Hub, per 5
-minutes of training) go to ``<root>/journey.json``. What it does not check: the Spaces' image
-builds (no Docker: the CMD runs with this checkout's environment), the real Hub's proxy in front
-of private Spaces, GPUs.
+minutes of training) go to ``<root>/journey.json``. The Spaces are private and reached through
+the local Hub's front (``tools/local_hub/space_front.py``), which, as the Hub's proxy, answers 401
+to a request or WebSocket handshake without a token that may read the Space: the trainer, the
+journey's own checks and the fault plan send the deploy token. What it does not check: the
+Spaces' image builds (no Docker: the CMD runs with this checkout's environment), TLS, GPUs.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from pathlib import Path
 from tools.local_hub.process import REPO, HubProcess
 
 # What a Space's variables cannot say on this machine: vLLM's CPU settings, as the local stack
-# starts its replica (trainer/local/processes.py start_replica); {PORT} is the Space's port.
+# starts its replica (trainer/local/processes.py start_replica); {PUBLIC_PORT} is the Space's
+# public port (its front, what the runtime's domains name), {PORT} the app's own.
 SMALL_RUN = (
     "--eval-episodes 8 --eval-every 0 --num-generations 4 --per-device-train-batch-size 8 "
     "--token-budget 3072 --anchor-every 3"
@@ -65,7 +68,7 @@ def cpu_space_env(model: str) -> dict[str, str]:
         "OMP_NUM_THREADS": str(cpu_threads()[1]),
         **(OMP_WAIT if omp_waits_passive() else {}),
         "MAX_MODEL_LEN": str(local_max_model_len(model)),
-        "ROLLOUT_PUBLIC_URL": "http://127.0.0.1:{PORT}",
+        "ROLLOUT_PUBLIC_URL": "http://127.0.0.1:{PUBLIC_PORT}",
         "VLLM_PORT": "{FREE_PORT}",  # vLLM behind the Space's front: one port per Space here
         "HF_HUB_DISABLE_TELEMETRY": "1",
     }
@@ -276,7 +279,14 @@ class Journey:
             proc = subprocess.Popen(
                 cmd, shell=True, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT
             )
-        plan = FaultPlan(self.hub, run_dir / "logs" / "steps.jsonl", rollout, dashboard, proc)
+        plan = FaultPlan(
+            self.hub,
+            run_dir / "logs" / "steps.jsonl",
+            rollout,
+            dashboard,
+            proc,
+            token=self.hub.tokens["me-read"],
+        )
         plan.start()
         try:
             code = proc.wait(self.a.train_timeout_s)
@@ -309,7 +319,8 @@ class Journey:
             HfApi(endpoint=self.hub.url, token=self.hub.tokens["me-read"]),
             f"me/{self.a.prefix}-dashboard",
         )
-        client = gradio_client.Client(url, verbose=False)
+        # a private Space: the token goes as X-HF-Authorization (gradio_client's way)
+        client = gradio_client.Client(url, token=self.hub.tokens["me-read"], verbose=False)
         deadline = time.monotonic() + timeout_s
         while True:
             status = client.predict(api_name="/status")

@@ -28,12 +28,14 @@ from tools.local_hub.process import HubProcess
 CATCH_UP_TIMEOUT_S = 180.0
 
 
-def held_version(url: str) -> int | None:
-    """The version the rollout Space serves (its ``/health``), None when it does not answer."""
+def held_version(url: str, token: str | None = None) -> int | None:
+    """The version the rollout Space serves (its ``/health``, with ``token`` for a private
+    Space), None when it does not answer."""
     import httpx
 
+    headers = {"X-HF-Authorization": f"Bearer {token}"} if token else {}
     try:
-        return httpx.get(f"{url}/health", timeout=3).json().get("held_version")
+        return httpx.get(f"{url}/health", headers=headers, timeout=3).json().get("held_version")
     except (httpx.HTTPError, ValueError):
         return None
 
@@ -46,13 +48,20 @@ class FaultPlan(threading.Thread):
         steps_log: the trainer's ``steps.jsonl``.
         rollout_url, dashboard_url: the Spaces' URLs as ``make spaces`` printed them.
         train: the trainer's ``subprocess.Popen``.
+        token: a token that may read the (private) Spaces.
     """
 
     def __init__(
-        self, hub: HubProcess, steps_log: Path, rollout_url: str, dashboard_url: str, train
+        self,
+        hub: HubProcess,
+        steps_log: Path,
+        rollout_url: str,
+        dashboard_url: str,
+        train,
+        token: str | None = None,
     ):
         super().__init__(name="journey-faults", daemon=True)
-        self.hub, self.steps_log, self.train = hub, steps_log, train
+        self.hub, self.steps_log, self.train, self.token = hub, steps_log, train, token
         self.rollout_url, self.dashboard_url = rollout_url, dashboard_url
         self.rows: list[dict] = []
         self.error: BaseException | None = None
@@ -68,7 +77,8 @@ class FaultPlan(threading.Thread):
         try:
             import gradio_client
 
-            s = gradio_client.Client(self.dashboard_url, verbose=False).predict(api_name="/status")
+            client = gradio_client.Client(self.dashboard_url, token=self.token, verbose=False)
+            s = client.predict(api_name="/status")
             return f"{s['state']}: {s['message']}" if s.get("message") else s["state"]
         except Exception as e:  # noqa: BLE001 - what the user would see is the point
             return f"? ({type(e).__name__})"
@@ -77,7 +87,7 @@ class FaultPlan(threading.Thread):
         """Seconds until the replica serves the trainer's newest version (None: not in time)."""
         start = time.monotonic()
         while time.monotonic() - start < timeout_s:
-            held = held_version(self.rollout_url)
+            held = held_version(self.rollout_url, self.token)
             if held is not None and held >= self.trainer_version():
                 return time.monotonic() - start
             if self.train.poll() is not None and held is not None:
@@ -102,7 +112,7 @@ class FaultPlan(threading.Thread):
                 row["dashboard_during"] = self.dashboard()
                 time.sleep(max(0.0, hold_s - 5.0))
                 end()
-                row["held_at_end"] = held_version(self.rollout_url)
+                row["held_at_end"] = held_version(self.rollout_url, self.token)
                 recovery = self.wait_caught_up()
                 row["recovery_s"] = None if recovery is None else round(recovery, 1)
                 row["training_after"] = self.train.poll() is None

@@ -91,7 +91,18 @@ class DeployConfig:
             with a warning.
         dashboard_token: the dashboard's HF_TOKEN secret (``DASHBOARD_HF_TOKEN``; read access to
             the bucket is enough); None: ``space_token``.
-        control_token: the rollout Space's CONTROL_TOKEN; None: generate one.
+        control_token: the rollout Space's CONTROL_TOKEN; None: the one saved by an earlier
+            deploy (``<state_dir>/<owner>--<rollout>.control_token``, mode 0600), else a new one
+            saved there before the first Hub call that writes.
+        rollout_api_key: the rollout Space's ROLLOUT_API_KEY secret (the bearer token of its
+            ``/v1`` routes) when the Spaces are public; None: the saved or a new one, kept like
+            the CONTROL_TOKEN (``<owner>--<rollout>.rollout_api_key``). A private Space gets
+            none (one an earlier public deploy gave has it deleted).
+        wordle_api_key: the Wordle Space's WORDLE_API_KEY secret, the same way
+            (``<owner>--<wordle>.wordle_api_key``).
+        run_public_key: the run key's public key, the rollout Space's variable
+            ``RUN_PUBLIC_KEY`` (the replica serves only versions it signed); None: the deploy
+            makes the run key once (``<state_dir>/run_key.pem``, mode 0600) and reuses it.
         poll_interval_s: the rollout Space's manifest poll interval in seconds.
         sleep_time_s: seconds of inactivity before a Space on paid hardware (the rollout
             GPU) sleeps and stops billing; a new visitor wakes it. -1: never sleep (it bills
@@ -121,6 +132,9 @@ class DeployConfig:
     space_token: str | None = field(default=None, repr=False)
     dashboard_token: str | None = field(default=None, repr=False)
     control_token: str | None = field(default=None, repr=False)
+    rollout_api_key: str | None = field(default=None, repr=False)
+    wordle_api_key: str | None = field(default=None, repr=False)
+    run_public_key: str | None = None
     poll_interval_s: float = 1.0
     sleep_time_s: int | None = DEFAULT_SLEEP_TIME_S
     rollout_spaces: tuple[str, ...] = ()
@@ -171,8 +185,10 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
         "(optional, recommended): the token the Spaces get as their HF_TOKEN secret (read and "
         "write on the bucket only), default HF_TOKEN with a warning. DASHBOARD_HF_TOKEN "
         "(optional): a read-only token for the dashboard, default SPACE_HF_TOKEN. CONTROL_TOKEN "
-        "(optional): the rollout Space's control token, default a new random one saved under "
-        "runs/spaces/.",
+        "(optional): the rollout Space's control token, default the one saved under "
+        "runs/spaces/ by an earlier deploy, else a new one saved there. ROLLOUT_API_KEY and "
+        "WORDLE_API_KEY (optional): the keys of a public rollout and Wordle Space, kept the "
+        "same way.",
     )
     p.add_argument("--dry-run", action="store_true", help="print every Hub call, make none")
     p.add_argument(
@@ -211,8 +227,9 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     p.add_argument(
         "--public",
         action="store_true",
-        help="create public Spaces (default: private; a public rollout Space lets anyone "
-        "generate on its GPU)",
+        help="create public Spaces (default: private, and a later deploy without --public "
+        "makes them private again); a public rollout and Wordle Space get a generated "
+        "ROLLOUT_API_KEY / WORDLE_API_KEY kept under runs/spaces/",
     )
     p.add_argument(
         "--private-spaces", action="store_true", help="create private Spaces (the default)"
@@ -257,6 +274,8 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
             or None,
             dashboard_token=a.dashboard_token or env.get("DASHBOARD_HF_TOKEN") or None,
             control_token=env.get("CONTROL_TOKEN") or None,
+            rollout_api_key=env.get("ROLLOUT_API_KEY") or None,
+            wordle_api_key=env.get("WORDLE_API_KEY") or None,
             poll_interval_s=a.poll_interval_s,
             sleep_time_s=a.sleep_time,
             rollout_spaces=tuple(a.rollout_space),

@@ -42,8 +42,13 @@ def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
                 "BUCKET": bucket,
                 "MODEL": cfg.model,
                 "POLL_INTERVAL_S": f"{cfg.poll_interval_s:g}",
+                **({"RUN_PUBLIC_KEY": cfg.run_public_key} if cfg.run_public_key else {}),
             },
-            {"HF_TOKEN": space_token, "CONTROL_TOKEN": cfg.control_token},
+            {
+                "HF_TOKEN": space_token,
+                "CONTROL_TOKEN": cfg.control_token,
+                **({"ROLLOUT_API_KEY": cfg.rollout_api_key} if cfg.rollout_api_key else {}),
+            },
             sleep(cfg.rollout_hardware),
         ),
         SpaceSpec(
@@ -51,6 +56,7 @@ def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
             "spaces/wordle-env",
             f"{cfg.prefix}-wordle",
             cfg.wordle_hardware,
+            secrets={"WORDLE_API_KEY": cfg.wordle_api_key} if cfg.wordle_api_key else {},
             sleep_time_s=sleep(cfg.wordle_hardware),
             own_context=True,
         ),
@@ -142,19 +148,27 @@ def hub_calls(cfg: DeployConfig, owner: str, specs: list[SpaceSpec]) -> list[Hub
 
 
 def next_step(
-    cfg: DeployConfig, owner: str, specs: list[SpaceSpec], urls: dict[str, str] | None = None
+    cfg: DeployConfig,
+    owner: str,
+    specs: list[SpaceSpec],
+    urls: dict[str, str] | None = None,
+    key_files: dict[str, str] | None = None,
 ) -> str:
     """The ``make train ...`` line that trains against the deployed Spaces and bucket.
 
     ``urls``: the Spaces' URLs by key ("rollout", "wordle") as the Hub reports them
-    (``runtime_url``); a Space missing from it gets :func:`space_url`."""
+    (``runtime_url``); a Space missing from it gets :func:`space_url`. ``key_files``: the
+    0600 files holding the keys the trainer must send, by variable (``ROLLOUT_API_KEY``,
+    ``WORDLE_API_KEY``): the line reads each from its file (``VAR="$(cat FILE)"``), so that no
+    key is printed."""
     urls = urls or {}
     names = {s.key: s.name for s in specs}
 
     def url(key: str) -> str:
         return urls.get(key) or space_url(owner, names[key])
 
+    keys = "".join(f'{var}="$(cat {path})" ' for var, path in sorted((key_files or {}).items()))
     return (
-        f"make train BUCKET={owner}/{cfg.bucket_name} "
+        f"{keys}make train BUCKET={owner}/{cfg.bucket_name} "
         f"VLLM_URL={url('rollout')} ENV_URL={url('wordle')} MODEL={cfg.model}"
     )

@@ -223,8 +223,10 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "output_dir": ("run", "output_dir", None),
     "seed": ("run", "seed", None),
     "net": ("run", "net", "NET"),
+    "run_key": ("run", "run_key", "RUN_KEY"),
     "hf_token": ("secrets", "hf_token", "HF_TOKEN"),
     "rollout_api_key": ("secrets", "rollout_api_key", "ROLLOUT_API_KEY"),
+    "env_api_key": ("secrets", "env_api_key", "WORDLE_API_KEY"),
     "vllm_url": ("fleet", "vllm_url", "VLLM_URL"),
     "env_url": ("fleet", "env_url", "ENV_URL"),
     "fleet_wait_s": ("fleet", "wait_s", None),
@@ -253,6 +255,8 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
             "off_policy_stats",
             "turn_credit",
             "reward",
+            "max_dropped_fraction",
+            "max_dropped_steps",
         )
     },
     "anchor_every": ("publish", "anchor_every", None),
@@ -279,7 +283,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "dashboard_port": ("local", "dashboard_port", None),
     "replica_sync_every": ("local", "replica_sync_every", "SYNC_EVERY"),
 }
-_SECRETS = ("hf_token", "rollout_api_key")  # from the environment only
+_SECRETS = ("hf_token", "rollout_api_key", "env_api_key")  # from the environment only
 
 
 def _default(flag: str):
@@ -378,8 +382,8 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
     listed by section in ``--help``), falling back to the environment variables the flags name,
     which the Makefile passes: ``BUCKET``, ``MODEL``, ``VLLM_URL``, ``ENV_URL``, ``RUN_ID``,
     ``STEPS`` (max_steps), ``ADAPTER``; then to the fields' defaults. Secrets (``HF_TOKEN``,
-    ``ROLLOUT_API_KEY``) come from the environment only. With a bucket and no run id, the run id
-    is the bucket's last path part. A hub model trained without CUDA takes ``HUB_CPU_DEFAULTS``
+    ``ROLLOUT_API_KEY``, ``WORDLE_API_KEY``) come from the environment only. With a bucket and
+    no run id, the run id is the bucket's last path part. A hub model trained without CUDA takes ``HUB_CPU_DEFAULTS``
     for the flags not given (:func:`hub_cpu_defaults`).
 
     Raises:

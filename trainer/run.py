@@ -62,6 +62,8 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             stack.env_url,
             weights.served_name,
             cfg.grpo.max_completion_length,
+            headers=rollouts.headers,
+            env_headers=stack.env_headers(),
         )
         evals = HeldOutEvals(cfg.eval, task, played_at, rollouts, record=metrics.add_eval)
         ranks.share_model_path(model_path)  # the other ranks build their trainers now

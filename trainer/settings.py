@@ -9,7 +9,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from trainer.task.base import space_headers
+from trainer.task.base import env_headers, space_headers
+from trainer.trust import TrustedUrls
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen3-0.6B"
 OFF_POLICY_MODES = ("off", "tis", "decoupled")  # ``trainer.loop.off_policy``
@@ -52,6 +53,12 @@ class AdapterConfigError(ValueError):
     use; the message says what was expected, what was found and how to fix it."""
 
 
+# where ``make spaces`` keeps what it generates (tools/deploy_spaces.py), the run key included
+DEPLOY_STATE_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs", "spaces"
+)
+
+
 @dataclass
 class RunSettings:
     """The run, its bucket and the model it starts from.
@@ -82,6 +89,11 @@ class RunSettings:
         net: a simulated link between this machine's units and the bucket (``deltasync.link``:
             ``spaces``, ``slow`` or ``<latency ms>:<MB/s>``), for the local stack: the trainer's
             bucket traffic and each local replica's go through it, as on Spaces. None: none.
+        run_key: the run's private signing key file (``deltasync.signing``, mode 0600): every
+            manifest commit is signed with it and replicas given its ``RUN_PUBLIC_KEY`` serve only
+            signed versions. None: a local run makes ``<run_dir>/run_key.pem`` (once); a bucket
+            run uses the checkout's ``runs/spaces/run_key.pem`` (what ``make spaces`` wrote) when
+            there is one, else publishes unsigned.
     """
 
     bucket: str | None = None
@@ -95,6 +107,7 @@ class RunSettings:
     output_dir: str | None = None
     seed: int = 0
     net: str | None = None
+    run_key: str | None = None
 
     def __post_init__(self) -> None:
         from deltasync.link import LinkProfileError, link_for
@@ -140,6 +153,24 @@ class RunSettings:
     def model_id(self) -> str:
         return self.model or (TINY if self.local else DEFAULT_HUB_MODEL)
 
+    def signing_key(self):
+        """The run key that signs this run's manifests (``deltasync.signing.RunKey``), or None
+        (a bucket run without ``run_key`` and without ``runs/spaces/run_key.pem``: unsigned).
+        A local run makes ``<run_dir>/run_key.pem`` (mode 0600) the first time.
+
+        Raises:
+            deltasync.errors.KeyFileError: the key file is missing (``run_key`` set), readable
+                by group or others (fix: ``chmod 600``) or not a key.
+        """
+        from deltasync.signing import KEY_FILE_NAME, RunKey, load_or_create
+
+        if self.run_key:
+            return RunKey.load(self.run_key)
+        if self.local:
+            return load_or_create(os.path.join(self.run_dir, KEY_FILE_NAME))[0]
+        deployed = os.path.join(DEPLOY_STATE_DIR, KEY_FILE_NAME)
+        return RunKey.load(deployed) if os.path.exists(deployed) else None
+
     @property
     def tiny(self) -> bool:
         """Whether the run trains the local model: ``tiny``, or a folder the local model's
@@ -165,18 +196,33 @@ class Secrets:
         hf_token: for hf:// buckets and private Spaces; from ``HF_TOKEN``.
         rollout_api_key: the replica's ``ROLLOUT_API_KEY`` (replicas outside Spaces); from
             ``ROLLOUT_API_KEY``.
+        env_api_key: the environment server's key (a public Wordle Space's secret, which
+            ``make spaces`` keeps under ``runs/spaces/``); from ``WORDLE_API_KEY``. Sent only to
+            the environment server (``ENV_URL``), on the training episodes' and the held-out
+            games' connections (:meth:`env_headers`).
     """
 
     hf_token: str | None = field(default=None, repr=False)
     rollout_api_key: str | None = field(default=None, repr=False)
+    env_api_key: str | None = field(default=None, repr=False)
 
-    def rollout_headers(self, url: str) -> dict[str, str]:
-        """Headers for requests to the replica at ``url``: ``Bearer <rollout_api_key>`` when one
-        is configured, else ``Bearer <hf_token>`` for a ``*.hf.space`` URL (a private Space),
-        else none. The HF token is never sent to other hosts."""
+    def env_headers(self, url: str, trust: TrustedUrls) -> dict[str, str]:
+        """Headers of a connection to the environment server at ``url``
+        (:func:`~trainer.task.base.env_headers`: its key where the user gave ``url``, else the HF
+        token for a private Space the run trusts, else none)."""
+        return env_headers(url, self.env_api_key, self.hf_token, trust)
+
+    def rollout_headers(self, url: str, trust: TrustedUrls) -> dict[str, str]:
+        """Headers for requests to the replica at ``url``, only where the run's allowlist
+        ``trust`` (``trainer.trust``) lets a credential go: ``Bearer <rollout_api_key>``
+        when one is configured and ``url`` is one of the run's replicas, else ``Bearer
+        <hf_token>`` over ``https`` to a ``*.hf.space`` host the user gave or ``make spaces``
+        deployed for this run (a private Space), else none."""
         if self.rollout_api_key:
-            return {"Authorization": f"Bearer {self.rollout_api_key}"}
-        return space_headers(url, self.hf_token)
+            if trust.may_send_key(url):
+                return {"Authorization": f"Bearer {self.rollout_api_key}"}
+            return {}
+        return space_headers(url, self.hf_token, trust)
 
     def store_options(self, uri: str) -> dict:
         """Keyword arguments of ``deltasync.store.Store`` for ``uri``: the HF token for hf://."""
@@ -276,6 +322,11 @@ class GRPOSettings:
             the last row's credit, so stopping on a good row keeps it; both less 0.1 an invalid
             move, ``trainer.task.wordle_task.episode_reward``). None (resolved by
             :class:`~trainer.config.TrainConfig`): the task's first.
+        max_dropped_fraction: a step whose dropped episodes (the environment failed them: no
+            reward, ``trainer.loop.rollout_tagging``) are more than this share of its episodes
+            counts as failing; 1: never.
+        max_dropped_steps: the run stops (``DroppedEpisodesError``) after this many failing
+            steps in a row.
     """
 
     max_steps: int = 55
@@ -298,8 +349,16 @@ class GRPOSettings:
     off_policy_stats: bool = False
     turn_credit: float = 0.0
     reward: str | None = None
+    max_dropped_fraction: float = 0.5
+    max_dropped_steps: int = 3
 
     def __post_init__(self) -> None:
+        if not 0 <= self.max_dropped_fraction <= 1 or self.max_dropped_steps < 1:
+            raise GRPOConfigError(
+                f"max_dropped_fraction={self.max_dropped_fraction}, max_dropped_steps="
+                f"{self.max_dropped_steps}: expected a share in [0, 1] and a count >= 1; set "
+                "--max-dropped-fraction / --max-dropped-steps"
+            )
         if not self.turn_credit >= 0:
             raise GRPOConfigError(
                 f"turn_credit={self.turn_credit}: expected a weight of 0 (off) or more; set "

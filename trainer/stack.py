@@ -26,7 +26,8 @@ from trainer.fleet.router import FleetRouter
 from trainer.local import processes
 from trainer.loop.rollouts import Rollouts
 from trainer.loop.trained_weights import FullWeights
-from trainer.task.base import ENV_URL_VAR, REWARD_VAR, Task, TaskError
+from trainer.task.base import ENV_KEY_VAR, ENV_URL_VAR, REWARD_VAR, Task, TaskError
+from trainer.trust import REPO_STATE_DIR, TrustedUrls
 
 log = logging.getLogger("trainer")
 
@@ -65,9 +66,11 @@ class RunStack(contextlib.AbstractContextManager):
         self.model_path: str | None = None
         self.children: list[processes.Child] = []
         self.publisher: DeltaPublisher | None = None
+        self.signer = None  # the run key (deltasync.signing.RunKey) once the publisher started
         self.env_url: str | None = cfg.fleet.env_url
         self.pool: ReplicaPool | None = None
         self.router: FleetRouter | None = None
+        self.trust: TrustedUrls | None = None
         self._exit = contextlib.ExitStack()
 
     def __enter__(self) -> RunStack:
@@ -95,12 +98,15 @@ class RunStack(contextlib.AbstractContextManager):
 
     def replica_env(self) -> dict[str, str]:
         """The environment of a local replica of this run: what the trained weights need
-        (``ADAPTER``...), and the simulated network (``NET``) and forced lag (``SYNC_EVERY``)."""
+        (``ADAPTER``...), the simulated network (``NET``), the forced lag (``SYNC_EVERY``), and
+        once the publisher started, the run's public key (``RUN_PUBLIC_KEY``)."""
         env = dict(self.weights.replica_env())
         if self.cfg.run.net:
             env["NET"] = self.cfg.run.net
         if self.cfg.local.replica_sync_every > 1:
             env["SYNC_EVERY"] = str(self.cfg.local.replica_sync_every)
+        if self.signer is not None:  # serve only versions this run signed
+            env["RUN_PUBLIC_KEY"] = self.signer.public_key
         return env
 
     def start(self, model_path: str, publisher_hook=None) -> Rollouts:
@@ -127,6 +133,8 @@ class RunStack(contextlib.AbstractContextManager):
             ).url
         os.environ[ENV_URL_VAR] = self.env_url  # read by the task's client in TRL's rollout process
         os.environ[REWARD_VAR] = cfg.grpo.reward or ""  # ... and the episode reward it pays
+        if cfg.secrets.env_api_key:  # ... and the server's key (usually from there already)
+            os.environ[ENV_KEY_VAR] = cfg.secrets.env_api_key
         self.publisher = self._start_publisher(model_path)
         self._exit.callback(self.publisher.close)  # idempotent: flushes the last publish
         fixed_urls, discover = parse_vllm_urls(cfg.fleet.vllm_url)
@@ -156,34 +164,65 @@ class RunStack(contextlib.AbstractContextManager):
             affinity.versions_of,
             affinity.turn_versions,
             self.pool.serving_count,
+            headers=self.router.headers,
         )
 
     def _start_publisher(self, model_path: str) -> DeltaPublisher:
         """The run's publisher; for an adapter run it records the adapter (its PEFT config and
         the digest of the base weights in ``model_path``) in every manifest."""
         info = self.weights.publisher_info(model_path)
+        self.signer = self.cfg.run.signing_key()
+        if self.signer is None:
+            log.warning(
+                "publishing unsigned versions: no run key (RUN_KEY unset, no "
+                "runs/spaces/run_key.pem); replicas cannot tell this trainer's versions from "
+                "anyone's who can write the bucket"
+            )
+        else:
+            log.info(
+                "signing every version; replicas need RUN_PUBLIC_KEY=%s", self.signer.public_key
+            )
         return DeltaPublisher(
-            self.store, run_id=self.cfg.run.run_id, config=self.cfg.publish, adapter=info
+            self.store,
+            run_id=self.cfg.run.run_id,
+            config=self.cfg.publish,
+            adapter=info,
+            signer=self.signer,
         )
 
     def _start_fleet(self, fixed_urls: list[str], discover: bool) -> str:
         fleet, publisher, local = self.cfg.fleet, self.publisher, self.store.is_local
+        # where the run's credentials may go and which announced replicas may join
+        self.trust = TrustedUrls.for_run(
+            self.bucket,
+            [*fixed_urls, self.env_url],
+            local,
+            state_dirs=(REPO_STATE_DIR, os.path.join(self.cfg.run.runs_root, "spaces")),
+        )
+        creds, trust = self.cfg.secrets, self.trust
         self.pool = ReplicaPool(
             fixed_urls,
             self.store if discover else None,
-            self.cfg.secrets.rollout_headers,
+            lambda url: creds.rollout_headers(url, trust),
             published_version_fn=lambda: publisher.newest_published,
             max_staleness=self.cfg.grpo.max_staleness,
             health_interval_s=fleet.health_interval_s,
             discover_interval_s=None if local else fleet.discover_interval_s,
             require_https=not local,
+            trust=trust,
         ).start()
         self._exit.callback(self.pool.stop)
-        self.router = FleetRouter(self.pool, wait_s=fleet.wait_s)
+        self.router = FleetRouter(self.pool, wait_s=fleet.wait_s)  # with a new key of this run
         url = self.router.start(processes.free_port())
         self._exit.callback(self.router.stop)
         log.info("rollout fleet behind %s: %s", url, self.pool.describe())
         return url
+
+    def env_headers(self) -> dict[str, str]:
+        """Headers of a connection to the environment server: its key (``WORDLE_API_KEY``), else
+        the HF token for a private Space the run trusts, else none
+        (``trainer.settings.Secrets.env_headers``). After :meth:`start`."""
+        return self.cfg.secrets.env_headers(self.env_url, self.trust)
 
     def summary(self) -> dict:
         """The stack's part of the run's summary: the bucket's versions and bytes, the replicas'

@@ -96,3 +96,27 @@ class StoreBucketNotFoundError(StoreAccessError):
 class StoreRateLimitError(StoreError):
     """The store kept answering HTTP 429 (rate limited) after its retries, each of which waited
     the ``Retry-After`` the server asked for."""
+
+
+class KeyFileError(DeltaSyncError):
+    """A run key cannot be used: the private key file is missing, readable by group or others
+    (fix: ``chmod 600``) or not an Ed25519 key; or a ``RUN_PUBLIC_KEY`` is not one's text."""
+
+
+class SignatureError(ManifestError):
+    """A manifest's signature does not verify with the run's public key (the manifest was
+    changed after it was signed). Refused before anything is planned or applied."""
+
+
+class UnsignedVersionError(SignatureError):
+    """A reader that requires signed versions (it has the run's public key) found a manifest
+    without a signature. Refused."""
+
+
+class ForeignKeyError(SignatureError):
+    """A manifest signed by another key than the run's. Refused."""
+
+
+class PayloadDigestError(DeltaCorruptError):
+    """A payload file's bytes do not hash to the SHA-256 its signed manifest names (or it names
+    none). Nothing of it is applied; the reader plans around it."""

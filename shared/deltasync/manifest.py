@@ -175,11 +175,21 @@ class AdapterInfo(_Strict):
 
 
 class FileRef(_Strict):
-    """A payload file: bucket path relative to the run root, size in bytes, xxh3-64 of its bytes."""
+    """A payload file: bucket path relative to the run root, size in bytes, xxh3-64 of its bytes,
+    and in a signed run (``deltasync.signing``) the SHA-256 of its bytes (64 hex; the key is
+    absent otherwise, so an unsigned manifest's JSON is unchanged)."""
 
     path: str
     bytes: int = Field(ge=0)
     digest: str
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @model_serializer(mode="wrap")
+    def _omit_no_sha256(self, handler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("sha256", 0) is None:
+            del data["sha256"]
+        return data
 
     @field_validator("path")
     @classmethod
@@ -251,6 +261,22 @@ class VersionEntry(_Strict):
         return self.changed / self.total if self.total else 0.0
 
 
+class ManifestSignature(_Strict):
+    """``Manifest.signature``: an Ed25519 signature of the rest of the manifest
+    (``deltasync.signing.signed_bytes``).
+
+    Attributes:
+        alg: ``"ed25519"``.
+        public_key: the signing key's public key, base64 of its 32 raw bytes (informational: a
+            reader verifies with the key it was given, and names this one when they differ).
+        value: the signature, base64 of its 64 bytes.
+    """
+
+    alg: Literal["ed25519"] = "ed25519"
+    public_key: str = Field(max_length=100)
+    value: str = Field(max_length=200)
+
+
 class Manifest(_Strict):
     """The run's manifest: ``manifest.json`` at the run root."""
 
@@ -261,15 +287,18 @@ class Manifest(_Strict):
     adapter: AdapterInfo | None = None  # set in every manifest of an adapter run
     versions: list[VersionEntry]  # ascending by version
     updated_at: float = Field(default_factory=time.time)
+    signature: ManifestSignature | None = None  # set by a signing publisher (deltasync.signing)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     @model_serializer(mode="wrap")
     def _omit_no_adapter(self, handler) -> dict[str, Any]:
-        """A full-weight manifest has no ``adapter`` key at all (its JSON is unchanged)."""
+        """A full-weight manifest has no ``adapter`` key at all, an unsigned one no
+        ``signature`` (their JSON is unchanged)."""
         data = handler(self)
-        if data.get("adapter", 0) is None:
-            del data["adapter"]
+        for key in ("adapter", "signature"):
+            if data.get(key, 0) is None:
+                del data[key]
         return data
 
     @model_validator(mode="after")

@@ -49,6 +49,7 @@ from .manifest import (
 )
 from .publisher_config import PublisherConfig  # also imported from here by trainers and tests
 from .publisher_encoder import ChangeEncoder
+from .signing import RunKey, trusted_history
 from .snapshot import Snapshot, compose_changes
 from .store import Store, open_store
 
@@ -141,6 +142,9 @@ class DeltaPublisher:
         config: :class:`PublisherConfig`.
         adapter: for an adapter run (``deltasync.adapter``), the adapter recorded in every
             manifest; the tensors published are then PEFT adapter keys. None: full weights.
+        signer: the run key (``deltasync.signing.RunKey``) that signs every manifest commit; each
+            payload file's SHA-256 is then computed from the bytes uploaded and signed with it.
+            None: unsigned (replicas given a ``RUN_PUBLIC_KEY`` refuse such versions).
 
     Attributes:
         before_commit: None, or a function called with each version's ``VersionEntry`` after its
@@ -184,8 +188,10 @@ class DeltaPublisher:
         run_id: str | None = None,
         config=None,
         adapter: AdapterInfo | None = None,
+        signer: RunKey | None = None,
     ):
         self.store = open_store(store)
+        self.signer = signer
         self.config = config or PublisherConfig()
         self.writer_id = uuid.uuid4().hex[:12]
         self.before_commit: Callable[[VersionEntry], None] | None = None
@@ -213,6 +219,7 @@ class DeltaPublisher:
             self.writer_id,
             self.config.part_bytes,
             self.config.encode_threads,
+            sha256=signer is not None,
         )
         latest = self.manifest.latest if self.manifest else None
         self._next_version = latest.version + 1 if latest else 0
@@ -245,6 +252,9 @@ class DeltaPublisher:
             )
         if self.manifest:
             check_adapter(self.manifest.adapter, self.adapter, f"run {self.manifest.run_id!r}")
+        if self.manifest and self.signer is not None:
+            where = f"{self.store.uri}/manifest.json"
+            self.manifest = trusted_history(self.manifest, self.signer, where)
         self.run_id = run_id or (self.manifest.run_id if self.manifest else uuid.uuid4().hex[:12])
         if self.lease.run_id != self.run_id:  # taken before the manifest named the run
             self.lease.run_id = self.run_id
@@ -728,6 +738,7 @@ class DeltaPublisher:
             self._fingerprint,
             self.config.keep_anchors,
             self.adapter,
+            self.signer,
         )
         # garbage-collect only after the manifest that drops them is committed: with the next
         # payload batch (no extra request), or on close

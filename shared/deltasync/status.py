@@ -124,6 +124,9 @@ class StepMetrics(_Strict):
     kl: float | None = None  # TRL's kl (trainer policy against the sampling logprobs)
     clipped: float | None = None  # TRL's clip_ratio/region_mean: share of tokens clipped
     tokens_per_s: float | None = None  # forwarded tokens of the step / its seconds
+    # episodes taken since the previous step that the environment failed (no reward): not in
+    # ``games``; None in files written before it was counted
+    dropped_episodes: int | None = None
 
 
 class EvalResult(_Strict):

@@ -28,6 +28,7 @@ from .errors import (
     StoreNotFoundError,
 )
 from .manifest import MANIFEST_PATH, FileRef, Manifest, VersionEntry, model_digest
+from .signing import check_payload, public_key_of, verify_manifest
 from .store import Store, open_store
 
 log = logging.getLogger("deltasync.subscriber")
@@ -135,11 +136,25 @@ class DeltaSubscriber:
         fetch_threads: parallel downloads of payload parts.
         decode_threads: tensors decoded and verified in parallel (the codec's kernels, zstd and
             xxh3 release the GIL); default: every core of the machine.
+        public_key: the run's public key (``RUN_PUBLIC_KEY``, base64 of 32 bytes): every manifest
+            read must carry a signature by it (``deltasync.signing.verify_manifest``) and every
+            payload's bytes must hash to the SHA-256 it signs. None: unsigned runs are read too
+            (the dashboard, ``make eval``, a resume).
+
+    Raises:
+        KeyFileError: ``public_key`` is not a public key's text.
     """
 
     def __init__(
-        self, store: Store | str, fetch_threads: int = 4, decode_threads: int | None = None
+        self,
+        store: Store | str,
+        fetch_threads: int = 4,
+        decode_threads: int | None = None,
+        public_key: str | None = None,
     ):
+        if public_key is not None:
+            public_key_of(public_key)  # a wrong key fails here, not at the first poll
+        self.public_key = public_key
         self.store = open_store(store)
         self._pool = ThreadPoolExecutor(fetch_threads, "deltasync-fetch")
         self.decode_threads = decode_threads or os.cpu_count() or 1
@@ -158,6 +173,9 @@ class DeltaSubscriber:
 
         Raises:
             ManifestError: the manifest exists but is not valid.
+            UnsignedVersionError, ForeignKeyError, SignatureError (ManifestErrors): with a
+                ``public_key``, the manifest is unsigned, signed by another key, or changed
+                after it was signed; it is not kept.
             StoreAuthError, StoreBucketNotFoundError: the token or the bucket is wrong (never
                 "no version yet").
             StoreError: the store kept failing.
@@ -173,6 +191,8 @@ class DeltaSubscriber:
             manifest = Manifest.from_json(data)
         except ValueError as e:
             raise ManifestError(f"{self.store.uri}/{MANIFEST_PATH} is invalid: {e}") from e
+        if self.public_key is not None:
+            verify_manifest(manifest, self.public_key, f"{self.store.uri}/{MANIFEST_PATH}")
         self._manifest_tag, self._manifest = tag, manifest
         return manifest
 
@@ -235,9 +255,12 @@ class DeltaSubscriber:
         return [self._step(start, "anchor"), *rest]
 
     def fetch(self, step: PlanStep) -> Fetched:
-        """Download a step's files in parallel, check each file's xxh3-64 digest, and parse them.
+        """Download a step's files in parallel, check each file's xxh3-64 digest (and, with a
+        ``public_key``, first its signed SHA-256), and parse them.
 
         Raises:
+            PayloadDigestError (a DeltaCorruptError): with a ``public_key``, a file's bytes do not
+                hash to the SHA-256 the signed manifest names (or it names none).
             DeltaCorruptError: a file's size or digest differs from the manifest, or it does not
                 parse, or its metadata disagrees with the plan step.
             StoreNotFoundError: a file was deleted (retention moved on): plan again.
@@ -246,6 +269,8 @@ class DeltaSubscriber:
 
         def get(ref: FileRef):
             data = self.store.read_bytes(ref.path)
+            if self.public_key is not None:
+                check_payload(ref, data, f"{self.store.uri}/{ref.path}")
             if len(data) != ref.bytes or bytes_digest(data) != ref.digest:
                 raise DeltaCorruptError(
                     f"{self.store.uri}/{ref.path}: expected {ref.bytes} bytes with xxh3 "

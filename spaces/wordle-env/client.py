@@ -10,9 +10,12 @@ Built on openenv's ``EnvClient`` (openenv 0.10); it never imports the server. As
 
 Server error frames raise :class:`WordleServerError` (``.code`` is the server's code, e.g.
 ``CAPACITY_REACHED`` -> :class:`WordleCapacityError`, ``SESSION_EXPIRED`` ->
-:class:`WordleSessionExpiredError`); game errors (invalid guesses) do not raise, they come
-back in ``observation.error_code`` / ``observation.error``. A connection the server closed
-without a reason raises ``ConnectionError``. After the server closed a session, the next call
+:class:`WordleSessionExpiredError`); a refused handshake (no key, over the per-client session
+cap) raises :class:`WordleRefusedError` with the server's reason. A server with a key
+(``WORDLE_API_KEY``) needs ``WordleEnv(base_url=..., headers={"Authorization": "Bearer <key>"})``.
+Game errors (invalid guesses) do not raise, they come back in
+``observation.error_code`` / ``observation.error``. A connection the server closed without a
+reason raises ``ConnectionError``. After the server closed a session, the next call
 opens a new one; ``reset`` does that by itself (once), so long-lived clients survive idle
 expiry.
 """
@@ -26,7 +29,7 @@ from typing import Any
 
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.protocol import State
 
 from wordle_env.models import WordleAction, WordleObservation, WordleState
@@ -58,6 +61,35 @@ class WordleSessionExpiredError(WordleServerError):
     """The server closed this session after it sat idle; open a new client and reset."""
 
 
+class WordleRefusedError(ConnectionError):
+    """The server refused the WebSocket handshake: 401 without its key (``WORDLE_API_KEY``:
+    pass ``headers={"Authorization": "Bearer <key>"}``), 429 when this client already holds
+    ``WORDLE_MAX_SESSIONS_PER_CLIENT`` sessions, 404 for a route that is off.
+
+    Attributes:
+        status: the HTTP status of the refusal.
+        detail: the server's explanation (its JSON ``detail``, else the body's text).
+    """
+
+    def __init__(self, url: str, status: int, detail: str) -> None:
+        super().__init__(f"{url} refused the connection with HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+def _refusal(url: str, error: BaseException | None) -> WordleRefusedError | None:
+    """The handshake refusal behind a failed connect (websockets' ``InvalidStatus``), or None
+    when the connect failed otherwise."""
+    if not isinstance(error, InvalidStatus):
+        return None
+    body = error.response.body or b""
+    try:
+        detail = str(json.loads(body)["detail"])
+    except (ValueError, KeyError, TypeError):
+        detail = body.decode("utf-8", "replace")[:500] or "no explanation"
+    return WordleRefusedError(url, error.response.status_code, detail)
+
+
 _ERRORS_BY_CODE: dict[str, type[WordleServerError]] = {
     "CAPACITY_REACHED": WordleCapacityError,
     "SESSION_EXPIRED": WordleSessionExpiredError,
@@ -71,6 +103,17 @@ class WordleEnv(EnvClient[WordleAction, WordleObservation, WordleState]):
         base_url: ``http(s)://`` or ``ws(s)://`` address of the Space; ``/ws`` is appended.
         **kwargs: passed to ``EnvClient`` (``connect_timeout_s``, ``message_timeout_s``, ...).
     """
+
+    async def _connect_async(self) -> WordleEnv:
+        """Open the session's WebSocket; a refused handshake raises :class:`WordleRefusedError`
+        with the server's reason (openenv's own error says only the status)."""
+        try:
+            return await super()._connect_async()
+        except ConnectionError as error:
+            refused = _refusal(self._ws_url or "the Wordle server", error.__cause__)
+            if refused is None:
+                raise
+            raise refused from error
 
     async def _reset_async(  # type: ignore[override]
         self,
@@ -93,12 +136,16 @@ class WordleEnv(EnvClient[WordleAction, WordleObservation, WordleState]):
         Raises:
             WordleServerError: e.g. ``EXECUTION_ERROR`` for unusable options, with the
                 server's explanation; ``WordleCapacityError`` when the server is full.
+            WordleRefusedError: the server refused the connection (no key, or this client
+                already holds ``WORDLE_MAX_SESSIONS_PER_CLIENT`` sessions); not retried.
             ConnectionError: the server cannot be reached.
         """
         options = {"seed": seed, "episode_id": episode_id, "target": target}
         options = {k: v for k, v in options.items() if v is not None}
         try:
             return await super()._reset_async(**options)
+        except WordleRefusedError:  # no key, or this client's cap: a new connection is refused too
+            raise
         except (WordleSessionExpiredError, ConnectionError) as error:
             # A reset needs nothing from the old session, so a session the server closed
             # (idle expiry, restart) is replaced by a new connection, once.

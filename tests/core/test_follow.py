@@ -124,6 +124,7 @@ def test_a_malformed_part_is_fetched_once_then_avoided(bucket, trainer):
     follower = Follower(bucket, report=lambda exc, what: errors.append((exc, what)))
     with DeltaPublisher(bucket, run_id="r1") as pub:
         pub.publish(trainer.named(), step=0)
+        pub.flush()  # v0 committed before v1 is asked for, or the two coalesce into one anchor
         trainer.step()
         pub.publish(trainer.named(), step=1)  # v1: a delta only
     store = follower.store

@@ -43,6 +43,7 @@ class FakeHfApi:
         self.calls: list[tuple[str, dict]] = []
         self.uploads: dict[str, dict[str, str | None]] = {}  # repo_id -> {path: text or None}
         self.stages = stages or {}
+        self.private: dict[str, bool] = {}  # repo or bucket id -> private, as the Hub keeps it
         self._seen: dict[str, int] = {}
 
     def whoami(self, token=None):
@@ -57,13 +58,42 @@ class FakeHfApi:
 
         return method
 
-    create_bucket = _record("create_bucket")
-    create_repo = _record("create_repo")
-    duplicate_repo = _record("duplicate_repo")
+    def _created(name, id_key):
+        """Records the call; a new repo gets the visibility asked for, an existing one
+        (``exist_ok``) keeps its own, as on the Hub."""
+
+        def method(self, **kwargs):
+            self.calls.append((name, kwargs))
+            self.private.setdefault(kwargs[id_key], kwargs["private"])
+            return SimpleNamespace(**kwargs)
+
+        return method
+
+    create_bucket = _created("create_bucket", "bucket_id")
+    create_repo = _created("create_repo", "repo_id")
+    duplicate_repo = _created("duplicate_repo", "to_id")
+
+    def space_info(self, repo_id, **kwargs):
+        self.calls.append(("space_info", {"repo_id": repo_id}))
+        return SimpleNamespace(id=repo_id, private=self.private[repo_id])
+
+    def bucket_info(self, bucket_id, **kwargs):
+        self.calls.append(("bucket_info", {"bucket_id": bucket_id}))
+        return SimpleNamespace(id=bucket_id, private=self.private[bucket_id])
+
+    def update_repo_settings(self, **kwargs):
+        self.calls.append(("update_repo_settings", kwargs))
+        self.private[kwargs["repo_id"]] = kwargs["private"]
+
+    def update_bucket_settings(self, **kwargs):
+        self.calls.append(("update_bucket_settings", kwargs))
+        self.private[kwargs["bucket_id"]] = kwargs["private"]
+
     add_space_secret = _record("add_space_secret")
     add_space_variable = _record("add_space_variable")
     request_space_hardware = _record("request_space_hardware")
     pause_space = _record("pause_space")
+    delete_space_secret = _record("delete_space_secret")
 
     def upload_folder(self, **kwargs):
         self.calls.append(("upload_folder", kwargs))

@@ -197,3 +197,75 @@ def test_the_rate_limit_counts_api_and_resolver_per_token_as_the_hub_does(hub):
         assert httpx.get(f"{hub.url}/api/buckets/me/run", headers=other_auth).status_code == 200
     finally:
         hub.admin("POST", "/admin/settings", {"limits": {"api": 1000, "resolver": 5000}})
+
+
+def _batch(hub, bucket: str, token: str, ops: list[dict]) -> tuple[int, dict]:
+    """A raw ``POST /api/buckets/{bucket}/batch``: (status, JSON answer)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{hub.url}/api/buckets/{bucket}/batch",
+        data=b"".join(json.dumps(op).encode() + b"\n" for op in ops),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/x-ndjson"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _tree(hub, bucket: str, token: str) -> dict[str, str]:
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.url, token=token)
+    return {
+        f.path: f.xet_hash
+        for f in api.list_bucket_tree(bucket, recursive=True)
+        if getattr(f, "xet_hash", None)
+    }
+
+
+def test_a_batch_path_that_leaves_the_bucket_is_refused_and_nothing_is_written(hub):
+    token = hub.tokens["me-write"]
+    store(hub, token, "other").write_bytes("paths/ok.json", b"{}")
+    xet_hash = _tree(hub, "me/other", token)["paths/ok.json"]
+    before = _tree(hub, "me/other", token)
+    for bad in ("../run/x.json", "a/../../x", "/abs.json", "a//b.json", "a/", "./a", "a/./b"):
+        ops = [
+            {"type": "addFile", "path": "paths/fine.json", "xetHash": xet_hash, "mtime": 1},
+            {"type": "addFile", "path": bad, "xetHash": xet_hash, "mtime": 1},
+        ]
+        status, body = _batch(hub, "me/other", token, ops)
+        assert status == 400, (bad, status, body)
+        assert "invalid path" in body["error"] and body["failed"][0]["path"] == bad, body
+        status, body = _batch(hub, "me/other", token, [{"type": "deleteFile", "path": bad}])
+        assert status == 400, (bad, body)
+    assert _tree(hub, "me/other", token) == before  # nothing written, not even the fine one
+
+
+def test_linking_another_namespaces_xet_file_is_refused(hub):
+    mine = hub.tokens["me-write"]
+    store(hub, mine).write_bytes("link/secret.bin", b"only me/run may hold this " * 10)
+    xet_hash = _tree(hub, "me/run", mine)["link/secret.bin"]
+    # the owner links its own upload into another bucket of its namespace
+    op = {"type": "addFile", "path": "copied.bin", "xetHash": xet_hash, "mtime": 1}
+    assert _batch(hub, "me/other", mine, [op])[0] == 200
+    # eve knows the hash (a tree listing shows it) but never uploaded those bytes
+    from huggingface_hub import HfApi
+
+    eve = hub.admin("POST", "/admin/tokens", {"user": "eve", "role": "write", "name": "eve-w"})
+    eve = eve["value"]
+    HfApi(endpoint=hub.url, token=eve).create_bucket("eve/loot", private=True, exist_ok=True)
+    status, body = _batch(hub, "eve/loot", eve, [dict(op, path="stolen.bin")])
+    assert status == 422 and body["succeeded"] == 0, body
+    assert "not found for eve/loot" in body["failed"][0]["error"], body
+    copy = dict(op, type="copyFile", sourceRepoType="bucket", sourceRepoId="me/run")
+    assert _batch(hub, "eve/loot", eve, [dict(copy, path="copied.bin")])[0] == 422
+    assert _tree(hub, "eve/loot", eve) == {}
+    # an unknown hash is refused the same way
+    status, body = _batch(hub, "eve/loot", eve, [dict(op, xetHash="0" * 64)])
+    assert status == 422 and "not found" in body["failed"][0]["error"], body

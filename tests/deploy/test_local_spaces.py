@@ -7,6 +7,7 @@ fail the way the client expects."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -52,7 +53,17 @@ def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("local-hub")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    router = spaces_router(StubAccounts(), root / "spaces", url, {"WORDLE_HOST": "127.0.0.1"})
+    accounts = StubAccounts()
+    accounts.root = root  # the Spaces' fronts read the tokens from root/tokens.json
+    (root / "tokens.json").write_text(
+        json.dumps(
+            [
+                {"name": f"alice-{role}", "value": value, "user": user, "role": role}
+                for value, (user, role) in StubAccounts.tokens.items()
+            ]
+        )
+    )
+    router = spaces_router(accounts, root / "spaces", url, {"WORDLE_HOST": "127.0.0.1"})
     app = FastAPI()
     app.include_router(router)
     server = uvicorn.Server(
@@ -115,16 +126,28 @@ def test_a_space_runs_as_a_local_process(hub, tmp_path):
     assert seen[0] == "BUILDING", seen
     (domain,) = rt.raw["domains"]
     assert domain["stage"] == "READY" and domain["domain"].startswith("127.0.0.1:")
-    with urllib.request.urlopen(f"http://{domain['domain']}/health", timeout=5) as r:
+    # the domain is the Space's front: a private Space needs a token that may read it
+    health = f"http://{domain['domain']}/health"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(health, timeout=5)
+    assert refused.value.code == 401
+    request = urllib.request.Request(health, headers={"Authorization": f"Bearer {READ}"})
+    with urllib.request.urlopen(request, timeout=5) as r:
         assert r.status == 200
-
-    # the secret reached the process's environment, and nothing the Hub answers or logs
     run = router.store.runner._runs[repo_id]
+    assert run.app_port != run.port == int(domain["domain"].split(":")[1])
+
+    # the secret reached the app's environment (the front's child), and nothing the Hub answers
+    # or logs
     if sys.platform.startswith("linux"):
-        with open(f"/proc/{run.proc.pid}/environ", "rb") as f:
+        app_pid = next(
+            int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == run.proc.pid
+        )
+        with open(f"/proc/{app_pid}/environ", "rb") as f:
             env = dict(e.decode().partition("=")[::2] for e in f.read().split(b"\0") if e)
         assert env["SPACE_TEST_SECRET"] == SECRET and env["SPACE_TEST_VAR"] == "plain-value"
         assert env["HF_ENDPOINT"] == url and env["SPACE_ID"] == repo_id
+        assert env["SPACE_HOST"] == domain["domain"] and env["PORT"] == str(run.app_port)
     assert set(api.get_space_secrets(repo_id)) == {"SPACE_TEST_SECRET"}
     assert "SPACE_TEST_SECRET" not in api.get_space_variables(repo_id)
     shown = [
@@ -139,11 +162,19 @@ def test_a_space_runs_as_a_local_process(hub, tmp_path):
     paused = api.pause_space(repo_id)
     assert paused.stage == "PAUSED"
     assert api.get_space_runtime(repo_id).stage == "PAUSED"
-    assert not answers(f"http://{domain['domain']}/health")
+    assert not answers(health)
 
     api.restart_space(repo_id)
     rt = wait_stage(api, repo_id, "RUNNING", [])
     assert rt.raw["domains"] == [domain], "expected the Space to keep its port"
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def test_unknown_space_and_read_only_token(hub):

@@ -36,7 +36,8 @@ def test_dry_run_prints_every_call_in_order_and_makes_none(make_deployer):
         middle = ["add_space_secret"] * secrets + ["add_space_variable"] * variables
         return ["create_repo", *middle, "request_space_hardware", "upload_folder"]
 
-    assert calls == ["create_bucket", *per_space(2, 3), *per_space(0, 0), *per_space(1, 1)]
+    # the rollout Space's variables: BUCKET, MODEL, POLL_INTERVAL_S, RUN_PUBLIC_KEY
+    assert calls == ["create_bucket", *per_space(2, 4), *per_space(0, 0), *per_space(1, 1)]
     assert "create_bucket(bucket_id='alice/deltasync-run', private=True, exist_ok=True)" in text
     assert (
         "create_repo(repo_id='alice/deltasync-rollout', repo_type='space', space_sdk='docker', "

@@ -9,6 +9,7 @@ import io
 import os
 import stat
 
+from deltasync.signing import RunKey
 from tools.space_stage import read_front_matter
 
 from .conftest import CONTROL, TOKEN, FakeHfApi
@@ -37,7 +38,7 @@ def test_calls_in_order_with_whoami_owner(make_deployer):
     assert line.startswith("make train BUCKET=alice/deltasync-run VLLM_URL=https://alice-")
 
 
-def test_secrets_and_variables_reach_the_spaces(make_deployer):
+def test_secrets_and_variables_reach_the_spaces(make_deployer, tmp_path):
     api, _, _ = deploy(make_deployer, model="Qwen/Qwen3-1.7B", poll_interval_s=2.5)
     secrets = {
         (kw["repo_id"], kw["key"]): kw["value"] for n, kw in api.calls if n == "add_space_secret"
@@ -54,6 +55,9 @@ def test_secrets_and_variables_reach_the_spaces(make_deployer):
         ("alice/deltasync-rollout", "BUCKET"): "hf://buckets/alice/deltasync-run",
         ("alice/deltasync-rollout", "MODEL"): "Qwen/Qwen3-1.7B",
         ("alice/deltasync-rollout", "POLL_INTERVAL_S"): "2.5",
+        ("alice/deltasync-rollout", "RUN_PUBLIC_KEY"): RunKey.load(
+            tmp_path / "state" / "run_key.pem"
+        ).public_key,
         ("alice/deltasync-dashboard", "BUCKET"): "hf://buckets/alice/deltasync-run",
     }
     hw = {kw["repo_id"]: kw["hardware"] for n, kw in api.calls if n == "request_space_hardware"}
@@ -157,3 +161,25 @@ def test_duplicate_from_owner(make_deployer):
     ]
     assert all(d["repo_type"] == "space" and d["exist_ok"] for d in dups)
     assert "upload_folder" not in api.names() and "whoami" not in api.names()
+
+
+def test_the_run_key_is_made_once_and_kept_across_deploys(make_deployer, tmp_path):
+    """The rollout Space gets RUN_PUBLIC_KEY of the run key the deploy keeps (mode 0600, the
+    private key never printed); a second deploy reuses it, so replicas keep trusting the
+    trainer."""
+    api, out, _ = deploy(make_deployer)
+    path = tmp_path / "state" / "run_key.pem"
+    key = RunKey.load(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert "PRIVATE KEY" not in out and f"RUN_PUBLIC_KEY={key.public_key}" in out
+
+    def public_key(api):
+        return [
+            kw["value"]
+            for n, kw in api.calls
+            if n == "add_space_variable" and kw["key"] == "RUN_PUBLIC_KEY"
+        ]
+
+    assert public_key(api) == [key.public_key]
+    api2, out2, _ = deploy(make_deployer)
+    assert public_key(api2) == [key.public_key] and "reused from" in out2

@@ -54,10 +54,13 @@ def perturb(bits: dict[str, np.ndarray], names, rng: np.random.Generator, frac=0
 class Trainer:
     """Publishes versions of the tiny model to a bucket, keeping the bits of every version."""
 
-    def __init__(self, model_dir: str, bucket: str, anchor_every: int = 100, seed: int = 0):
+    def __init__(
+        self, model_dir: str, bucket: str, anchor_every: int = 100, seed: int = 0, signer=None
+    ):
         self.model_dir = model_dir
         self.bits = {n: to_bf16_bits(t).copy() for n, t in checkpoint_tensors(model_dir).items()}
-        self.pub = DeltaPublisher(bucket, config=PublisherConfig(anchor_every=anchor_every))
+        cfg = PublisherConfig(anchor_every=anchor_every)
+        self.pub = DeltaPublisher(bucket, config=cfg, signer=signer)
         self.rng = np.random.default_rng(seed)
         self.versions: dict[int, dict[str, np.ndarray]] = {}
 

@@ -40,6 +40,8 @@ def _sample(f: Field) -> tuple[str, object]:
         return "spaces", "spaces"
     if f.name == "dtype":  # auto, bfloat16 or float32
         return "float32", "float32"
+    if f.name == "run_public_key":  # an Ed25519 public key: base64 of 32 bytes
+        return "A" * 43 + "=", "A" * 43 + "="
     if kind is bool:
         return str(not f.default).lower(), not f.default
     if kind in (int, float):

@@ -70,7 +70,10 @@ def evaluate(request: EvalRequest, seeds: list, temperature: float, per_seed: bo
 
     tokenizer = AutoTokenizer.from_pretrained(request.model_path)
     name = (
-        request.model_name or httpx.get(f"{request.replica_url}/v1/models").json()["data"][0]["id"]
+        request.model_name
+        or httpx.get(f"{request.replica_url}/v1/models", headers=request.headers).json()["data"][0][
+            "id"
+        ]
     )
     rewards = []
     for s in seeds:
@@ -81,7 +84,12 @@ def evaluate(request: EvalRequest, seeds: list, temperature: float, per_seed: bo
             "max_tokens": request.max_tokens,
             "temperature": temperature,
         }
-        r = httpx.post(f"{request.replica_url}/v1/completions", json=payload, timeout=120)
+        r = httpx.post(
+            f"{request.replica_url}/v1/completions",
+            json=payload,
+            headers=request.headers,
+            timeout=120,
+        )
         r.raise_for_status()
         rewards.append(score(request.env_url, s, r.json()["choices"][0]["text"]))
     block = {

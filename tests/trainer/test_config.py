@@ -50,7 +50,7 @@ def env(monkeypatch):
 def test_the_makefile_variables_and_secrets_are_declared():
     declared = {var for _, var in DECLARED}
     assert {"BUCKET", "MODEL", "VLLM_URL", "ENV_URL", "RUN_ID", "STEPS", "ADAPTER"} <= declared
-    assert {"HF_TOKEN", "ROLLOUT_API_KEY"} <= declared
+    assert {"HF_TOKEN", "ROLLOUT_API_KEY", "WORDLE_API_KEY"} <= declared
 
 
 def test_every_flag_lands_on_a_field_of_its_section_and_every_field_is_reachable():
@@ -103,13 +103,14 @@ def test_unset_or_blank_variables_keep_the_declared_defaults(env, blank):
 
 
 def test_flags_win_over_variables_and_secrets_have_no_flag(env, capsys):
-    env(STEPS="5", MODEL="m", HF_TOKEN="hf_secret")
+    env(STEPS="5", MODEL="m", HF_TOKEN="hf_secret", WORDLE_API_KEY="wordle_secret")
     cfg = from_args(["--max-steps", "9", "--learning-rate", "1e-3", "--bf16", "yes"])
     got = (cfg.grpo.max_steps, cfg.run.model, cfg.grpo.learning_rate, cfg.grpo.bf16)
     assert got == (9, "m", 1e-3, True)
     assert cfg.secrets.hf_token == "hf_secret" and "hf_secret" not in repr(cfg)
     assert "hf_secret" not in repr(cfg.secrets)
-    for secret in ("--hf-token", "--rollout-api-key"):
+    assert cfg.secrets.env_api_key == "wordle_secret" and "wordle_secret" not in repr(cfg)
+    for secret in ("--hf-token", "--rollout-api-key", "--env-api-key"):
         with pytest.raises(SystemExit) as e:
             from_args([secret, "x"])
         assert e.value.code == 2

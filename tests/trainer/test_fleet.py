@@ -29,6 +29,10 @@ from trainer.fleet.router import FleetRouter
 from .fleet_fakes import FakeReplica, free_port
 
 BODY = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4}
+KEY = (
+    "test-run-key"  # the router's run key (FleetRouter(key=)); test_router_key checks it is needed
+)
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture
@@ -39,7 +43,7 @@ def fleet():
     def make(urls=None, wait_s=30.0, request_timeout_s=10.0, **kw):
         pool = ReplicaPool(urls, health_interval_s=0.2, **kw).start()
         router = FleetRouter(
-            pool, wait_s=wait_s, request_timeout_s=request_timeout_s, log_every_s=0.5
+            pool, wait_s=wait_s, request_timeout_s=request_timeout_s, log_every_s=0.5, key=KEY
         )
         started.append((pool, router))
         return pool, router.start(free_port())
@@ -65,7 +69,10 @@ def replicas():
 
 
 def post_many(url: str, n: int, concurrency: int = 8) -> list[httpx.Response]:
-    with httpx.Client(timeout=60) as c, concurrent.futures.ThreadPoolExecutor(concurrency) as ex:
+    with (
+        httpx.Client(timeout=60, headers=AUTH) as c,
+        concurrent.futures.ThreadPoolExecutor(concurrency) as ex,
+    ):
         return list(ex.map(lambda _: c.post(f"{url}/v1/completions", json=BODY), range(n)))
 
 
@@ -102,7 +109,7 @@ def test_a_server_error_every_replica_gives_is_handed_back(fleet, replicas):
     a, b = replicas(2)
     a.mode = b.mode = "500"
     _, url = fleet([a.url, b.url], wait_s=60.0)
-    r = httpx.post(f"{url}/v1/completions", json=BODY, timeout=30)
+    r = httpx.post(f"{url}/v1/completions", json=BODY, headers=AUTH, timeout=30)
     assert r.status_code == 500 and a.requests == 1 and b.requests == 1
 
 
@@ -112,7 +119,9 @@ def test_no_replica_waits_then_goes_on_when_one_returns(fleet, replicas, caplog)
     pool, url = fleet([a.url], wait_s=60.0)
     result: dict = {}
     t = threading.Thread(
-        target=lambda: result.update(r=httpx.post(f"{url}/v1/completions", json=BODY, timeout=60))
+        target=lambda: result.update(
+            r=httpx.post(f"{url}/v1/completions", json=BODY, headers=AUTH, timeout=60)
+        )
     )
     with caplog.at_level(logging.WARNING, logger="trainer.fleet"):
         t.start()
@@ -128,7 +137,7 @@ def test_no_replica_for_wait_s_is_a_503_that_names_each_replica(fleet, replicas)
     (a,) = replicas(1)
     a.stop()
     _, url = fleet([a.url], wait_s=1.0)
-    r = httpx.post(f"{url}/v1/completions", json=BODY, timeout=30)
+    r = httpx.post(f"{url}/v1/completions", json=BODY, headers=AUTH, timeout=30)
     assert r.status_code == 503
     assert a.url in r.json()["error"] and "down" in r.json()["error"]
 
@@ -191,7 +200,9 @@ def test_a_heartbeat_that_does_not_parse_is_skipped_and_the_good_replica_joins(
     with caplog.at_level(logging.WARNING, logger="deltasync.status"):
         pool, url = fleet(store=store, discover_interval_s=0.0)
     assert {p["url"]: p["state"] for p in pool.replica_rows()} == {a.url: "serving"}
-    assert httpx.post(f"{url}/v1/completions", json=BODY, timeout=30).status_code == 200
+    assert (
+        httpx.post(f"{url}/v1/completions", json=BODY, headers=AUTH, timeout=30).status_code == 200
+    )
     skipped = [m for m in caplog.messages if "skipped" in m]
     assert any("replicas/garbage.json" in m for m in skipped)
     assert any("replicas/newer.json" in m and "gpu_temp_c" in m for m in skipped)
@@ -214,8 +225,8 @@ def test_per_replica_headers_replace_the_callers_authorization(fleet, replicas):
     (a,) = replicas(1)
     _, url = fleet([a.url], headers_for=lambda u: {"Authorization": "Bearer replica-token"})
     r = httpx.post(
-        f"{url}/v1/completions", json=BODY, headers={"Authorization": "Bearer from-trl"}, timeout=30
-    )
+        f"{url}/v1/completions", json=BODY, headers=AUTH, timeout=30
+    )  # the caller's Authorization (the router's run key) never reaches a replica
     assert r.status_code == 200
     assert a.auth == ["Bearer replica-token"]
 
@@ -236,7 +247,7 @@ def test_the_turns_of_an_episode_stay_on_their_replica_unless_it_fails(fleet, re
             "X-Deltasync-Replica"
         ]
 
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(timeout=30, headers=AUTH) as c:
         episodes = [turn(c, first) for _ in range(6)]  # first turns: spread by load
         assert {rep for _, rep in episodes} == {a.url, b.url}
         episodes.sort(key=lambda e: e[1])  # all of a's episodes, then b's: load alone would mix
@@ -269,7 +280,7 @@ def test_each_sample_is_tagged_with_the_oldest_version_that_answered_it(replicas
 
     old, new = replicas(1, version=3)[0], replicas(1, version=5)[0]
     pool = ReplicaPool([old.url, new.url], health_interval_s=0.2).start()
-    router = FleetRouter(pool, wait_s=30.0, request_timeout_s=10.0)
+    router = FleetRouter(pool, wait_s=30.0, request_timeout_s=10.0, key=KEY)
     url = router.start(free_port())
     inner = SimpleNamespace(
         rollout_buffer=queue.Queue(),
@@ -288,7 +299,7 @@ def test_each_sample_is_tagged_with_the_oldest_version_that_answered_it(replicas
         published["v"] = bucket
         tagger.update_model_version(trl)
     try:
-        with httpx.Client(timeout=30) as c:
+        with httpx.Client(timeout=30, headers=AUTH) as c:
 
             def episode(first, turns, fail_after=None):
                 """Play ``turns`` turns; the replica of the first fails after ``fail_after``."""
@@ -341,6 +352,7 @@ def test_a_client_that_disconnects_mid_body_is_logged_and_the_router_serves_on(
     with socket.create_connection((host, int(port))) as s:
         s.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + KEY.encode() + b"\r\n"
             b"Content-Length: 1000\r\n\r\n" + b'{"model":"'
         )
     deadline = time.monotonic() + 10
@@ -348,7 +360,7 @@ def test_a_client_that_disconnects_mid_body_is_logged_and_the_router_serves_on(
         assert time.monotonic() < deadline, caplog.text
         time.sleep(0.05)
     assert a.requests == 0
-    r = httpx.post(f"{url}/v1/completions", json=BODY, timeout=30)
+    r = httpx.post(f"{url}/v1/completions", json=BODY, headers=AUTH, timeout=30)
     assert r.status_code == 200 and a.requests == 1
 
 
@@ -368,7 +380,10 @@ def test_an_idle_client_connection_is_kept_past_uvicorns_default(fleet, replicas
     try:
         for _ in range(2):
             conn.request(
-                "POST", "/v1/completions", json.dumps(BODY), {"Content-Type": "application/json"}
+                "POST",
+                "/v1/completions",
+                json.dumps(BODY),
+                {"Content-Type": "application/json", **AUTH},
             )
             r = conn.getresponse()
             r.read()

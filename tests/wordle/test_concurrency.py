@@ -1,6 +1,8 @@
 """Bounded load test: 256 simultaneous sessions play full games against the real server.
 
-Covers: the default cap of 256 sessions is reachable, the 257th connection gets a clear
+Covers: the default cap of 256 sessions is reachable by two clients (addresses in
+``X-Forwarded-For``), each at the default cap of 128 per client, whose 129th session is refused
+(``WORDLE_MAX_SESSIONS_PER_CLIENT``); the 257th connection, from a third client, gets a clear
 ``CAPACITY_REACHED`` error, every session plays a full game (half win, half lose after six
 guesses) with feedback computed from its own seeded target only (no cross-talk), and the
 slots are free again afterwards. Loopback only; the whole test is bounded by a timeout.
@@ -15,9 +17,10 @@ from typing import Any
 import pytest
 
 from wordle_env import rules, wordlists
-from wordle_env.client import WordleCapacityError, WordleEnv
+from wordle_env.client import WordleCapacityError, WordleEnv, WordleRefusedError
 
 SESSIONS = 256
+PER_CLIENT = 128  # the server's default WORDLE_MAX_SESSIONS_PER_CLIENT
 SEED_BASE = 90_000
 PROBES = ["crane", "slate", "moist", "pouch", "lying", "fjord", "kebab"]
 TIME_LIMIT_S = 240.0
@@ -46,13 +49,23 @@ async def _play_game(env: WordleEnv, index: int) -> dict[str, Any]:
 
 
 async def _load_test(url: str) -> tuple[list[dict[str, Any]], float]:
-    clients = [WordleEnv(base_url=url, message_timeout_s=120) for _ in range(SESSIONS)]
+    def address(i: int) -> dict[str, str]:  # the client's address, as the Hub's proxy sends it
+        return {"X-Forwarded-For": f"10.0.1.{i}"}
+
+    clients = [
+        WordleEnv(base_url=url, message_timeout_s=120, headers=address(i % 2))
+        for i in range(SESSIONS)
+    ]
     started = time.perf_counter()
     try:
         await asyncio.gather(*(c.connect() for c in clients))
-        # Every session holds a game before the extra connection tries to get in.
+        # Every session holds a game before the extra connections try to get in.
         await asyncio.gather(*(c.reset(seed=SEED_BASE + i) for i, c in enumerate(clients)))
-        extra = WordleEnv(base_url=url)
+        with pytest.raises(
+            WordleRefusedError, match=f"WORDLE_MAX_SESSIONS_PER_CLIENT={PER_CLIENT}"
+        ):
+            await WordleEnv(base_url=url, headers=address(0)).reset()
+        extra = WordleEnv(base_url=url, headers=address(2))
         with pytest.raises(WordleCapacityError, match=f"{SESSIONS}/{SESSIONS}") as info:
             await extra.reset()
         assert info.value.data["max_sessions"] == SESSIONS

@@ -216,12 +216,15 @@ class LocalHub:
         """The CAS origin: the Xet CAS API and the file bridge."""
         app = FastAPI(title="local Xet CAS", docs_url=None, redoc_url=None, openapi_url=None)
 
-        def authorize(token: str | None, write: bool) -> None:
+        def authorize(token: str | None, write: bool) -> str | None:
+            """Refuse a missing, forged, expired or (for a write) read-only Xet token; the
+            namespace of the bucket it was issued for (the uploader of a shard's files)."""
             payload = self.signer.open(token) if token else None
             if payload is None:
                 raise HTTPException(401, "expected a valid, unexpired Xet access token")
             if write and not payload["w"]:
                 raise HTTPException(403, "this Xet token is read-only")
+            return str(payload.get("b") or "").split("/")[0] or None
 
         app.include_router(cas_router(self.cas, authorize, lambda request: self.cfg.cas_url))
         app.include_router(bridge_router(self.cas, self.signer, self.settings))

@@ -86,8 +86,41 @@ class Signer:
         return payload if payload.get("exp", 0) > time.time() else None
 
 
+def path_error(path) -> str | None:
+    """Why ``path`` cannot name a file in a bucket (None when it can): it must be a non-empty
+    relative path of non-empty segments, none of them ``.`` or ``..``, without control
+    characters (so no ``/x``, ``a//b``, ``a/``, ``../x``, ``a/./b``)."""
+    if not isinstance(path, str) or not path:
+        return f"expected a non-empty path string, found {path!r}"
+    if path.startswith("/"):
+        return "expected a relative path, found a leading '/'"
+    if any(ord(c) < 32 or c == "\x7f" for c in path):
+        return "expected a path without control characters"
+    parts = path.split("/")
+    if "" in parts:
+        return "expected no empty path segment ('//' or a trailing '/')"
+    if any(p in (".", "..") for p in parts):
+        return "expected no '.' or '..' path segment"
+    return None
+
+
+class BatchRefused(ValueError):
+    """A whole batch refused before anything was applied: ``failed`` lists ``{path, error}``."""
+
+    def __init__(self, message: str, failed: list[dict]):
+        super().__init__(message)
+        self.failed = failed
+
+
 class Buckets:
-    """Every bucket's files and change log, on disk under ``<root>/buckets/<ns>/<name>/``."""
+    """Every bucket's files and change log, on disk under ``<root>/buckets/<ns>/<name>/``.
+
+    What a batch may link (:meth:`linkable`): a Xet file hash already in the bucket, one that a
+    write token of the bucket's namespace uploaded (:meth:`CasStore.uploaded_by`) or that a bucket
+    of that namespace holds, or, for ``copyFile``, one its source bucket holds when the caller
+    may read that bucket. Another namespace's hash is refused as an unknown one is: a hash is not
+    a capability (on the Hub, Xet file hashes appear in every public tree listing).
+    """
 
     def __init__(self, root: Path, cas):
         self.root = Path(root) / "buckets"
@@ -125,22 +158,75 @@ class Buckets:
             )
             return True
 
-    def apply(self, bucket_id: str, ops: list[dict]) -> tuple[int, list[dict]]:
-        """Apply a batch's operations in order: (succeeded, failed ``[{path, error}]``)."""
+    def linkable(self, bucket_id: str, op: dict, present: set, can_read=None) -> bool:
+        """Whether ``op`` (``addFile``/``copyFile``) may link its ``xetHash`` into ``bucket_id``
+        (``present``: the Xet hashes in the bucket now; ``can_read(bucket_id)``: whether the caller may read
+        another bucket, for a ``copyFile``'s source). See the class docstring."""
+        xet_hash = op.get("xetHash")
+        if not isinstance(xet_hash, str) or not self.cas.has_file(xet_hash):
+            return False
+        if xet_hash in present:
+            return True
+        namespace = bucket_id.split("/")[0]
+        if namespace in self.cas.uploaded_by(xet_hash):
+            return True
+        if any(
+            f["xetHash"] == xet_hash
+            for d in (self.root / namespace).iterdir()
+            if d.is_dir()
+            for f in self.files(f"{namespace}/{d.name}").values()
+        ):
+            return True  # e.g. uploaded before this Hub recorded uploaders
+        source = op.get("sourceRepoId")
+        if op.get("type") != "copyFile" or op.get("sourceRepoType", "bucket") != "bucket":
+            return False
+        if not isinstance(source, str) or path_error(source) or source.count("/") != 1:
+            return False
+        if self.meta(source) is None or can_read is None or not can_read(source):
+            return False
+        return any(f["xetHash"] == xet_hash for f in self.files(source).values())
+
+    def apply(self, bucket_id: str, ops: list[dict], can_read=None) -> tuple[int, list[dict]]:
+        """Apply a batch's operations in order: (succeeded, failed ``[{path, error}]``).
+
+        ``can_read(bucket_id)``: whether the caller may read a ``copyFile``'s source bucket.
+
+        Raises:
+            BatchRefused: an operation's path cannot name a file (:func:`path_error`); nothing is
+                applied.
+        """
+        bad = [
+            {"path": op.get("path") if isinstance(op, dict) else None, "error": error}
+            for op in ops
+            if (
+                error := path_error(op.get("path"))
+                if isinstance(op, dict)
+                else "expected a JSON object"
+            )
+        ]
+        if bad:
+            raise BatchRefused(
+                f"{len(bad)} of {len(ops)} operations have an invalid path; nothing was applied",
+                bad,
+            )
         ok, failed, changes = 0, [], []
         with self._lock:
             files, meta = self.files(bucket_id), self.meta(bucket_id)
+            present = {f["xetHash"] for f in files.values()}
             now = time.time()
             for op in ops:
-                path = op.get("path")
+                path = op["path"]
                 kind = op.get("type")
-                if not isinstance(path, str) or not path or path.startswith("/"):
-                    failed.append({"path": path, "error": "expected a relative path"})
-                    continue
                 if kind in ("addFile", "copyFile"):
                     xet_hash = op.get("xetHash")
-                    if not isinstance(xet_hash, str) or not self.cas.has_file(xet_hash):
-                        failed.append({"path": path, "error": f"Xet file {xet_hash} not found"})
+                    if not self.linkable(bucket_id, op, present, can_read):
+                        failed.append(
+                            {
+                                "path": path,
+                                "error": f"Xet file {xet_hash} not found for {bucket_id}: upload "
+                                f"it with a write token of {bucket_id.split('/')[0]}",
+                            }
+                        )
                         continue
                     mtime = op.get("mtime") or int(now * 1000)
                     files[path] = {
@@ -149,6 +235,7 @@ class Buckets:
                         "mtime": mtime / 1000,
                         "uploadedAt": now,
                     }
+                    present.add(xet_hash)
                     changes.append({"path": path, "op": "add", "xetHash": xet_hash})
                 elif kind == "deleteFile":
                     if files.pop(path, None) is not None:
@@ -318,7 +405,22 @@ def bucket_router(
             ops = [json.loads(line) for line in (await request.body()).splitlines() if line.strip()]
         except ValueError as e:
             raise HTTPException(400, f"expected NDJSON operations: {e}") from e
-        ok, failed = buckets.apply(bucket_id, ops)
+        if not all(isinstance(op, dict) for op in ops):
+            raise HTTPException(400, "expected one JSON object per NDJSON line")
+
+        def can_read(source: str) -> bool:
+            try:
+                readable(request, source)
+                return True
+            except HTTPException:
+                return False
+
+        try:
+            ok, failed = buckets.apply(bucket_id, ops, can_read)
+        except BatchRefused as e:
+            body = {"error": str(e), "success": False, "processed": 0, "succeeded": 0}
+            headers = {"X-Error-Message": str(e)}
+            return JSONResponse({**body, "failed": e.failed}, 400, headers)
         body = {"success": not failed, "processed": len(ops), "succeeded": ok, "failed": failed}
         return JSONResponse(body, 422 if ops and not ok else 200)
 

@@ -131,8 +131,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
 class CasStore:
     """Xorbs and shards on disk under root (files, so another process or a restart sees them).
 
-    Layout: ``root/xorbs/<xorb hash>`` (serialized xorb as uploaded) and
-    ``root/shards/<sha256 of body>.shard`` (shard as uploaded). Hashes are in spec string form.
+    Layout: ``root/xorbs/<xorb hash>`` (serialized xorb as uploaded),
+    ``root/shards/<sha256 of body>.shard`` (shard as uploaded) and ``root/owners/<file hash>``
+    (the namespaces whose write tokens uploaded a shard describing that file, one a line: what a
+    bucket may link, :meth:`uploaded_by`). Hashes are in spec string form.
     """
 
     def __init__(self, root: Path):
@@ -158,16 +160,20 @@ class CasStore:
         _write_atomic(self._xorb_path(xorb_hash), data)
         return True
 
-    def put_shard(self, data: bytes) -> bool:
-        """Store an uploaded shard (shard.md); False if already stored.
+    def put_shard(self, data: bytes, namespace: str | None = None) -> bool:
+        """Store an uploaded shard (shard.md); False if already stored. ``namespace``: the
+        owner of the bucket whose Xet write token uploaded it, recorded for each file the shard
+        describes (also when the shard was stored already).
 
         Raises ValueError if malformed, or if a term names a xorb not stored or chunks that
         it does not hold (or whose sizes add up to another unpacked length).
         """
         path = self.root / "shards" / f"{hashlib.sha256(data).hexdigest()}.shard"
+        files = parse_shard_files(data)
         if path.is_file():
+            self._record_owner(files, namespace)
             return False
-        for term in (t for terms in parse_shard_files(data).values() for t in terms):
+        for term in (t for terms in files.values() for t in terms):
             try:
                 chunks = self.xorb_chunks(term.xorb)[term.start : term.end]
             except KeyError:
@@ -175,7 +181,25 @@ class CasStore:
             if len(chunks) != term.end - term.start or sum(c.size for c in chunks) != term.unpacked:
                 raise ValueError(f"shard term does not match xorb {term.xorb}")
         _write_atomic(path, data)
+        self._record_owner(files, namespace)
         return True
+
+    def _record_owner(self, files: dict, namespace: str | None) -> None:
+        if not namespace:
+            return
+        with self._lock:
+            for file_hash in files:
+                path = self.root / "owners" / file_hash
+                known = path.read_text().split() if path.is_file() else []
+                if namespace not in known:
+                    _write_atomic(path, "".join(f"{n}\n" for n in [*known, namespace]).encode())
+
+    def uploaded_by(self, file_hash: str) -> set[str]:
+        """The namespaces whose write tokens uploaded a shard describing ``file_hash``."""
+        if not _HASH_RE.match(file_hash):
+            return set()
+        path = self.root / "owners" / file_hash
+        return set(path.read_text().split()) if path.is_file() else set()
 
     def terms(self, file_hash: str) -> list[Term]:
         """Reconstruction terms of a file (string-form hash); KeyError if no stored shard has it."""
@@ -275,7 +299,9 @@ def cas_router(
     """FastAPI router with the CAS API of api.md, plus ``GET /v1/xorb-bytes/{hash}?sig=...``.
 
     ``authorize(token, write)`` must raise HTTPException (401/403) to refuse; it gets write=True
-    for xorb and shard uploads, write=False otherwise. hf_xet sends no Authorization header to
+    for xorb and shard uploads, write=False otherwise; what it returns for a shard upload (the
+    namespace the token writes for, or None) is recorded as the uploader of the shard's files
+    (:meth:`CasStore.uploaded_by`). hf_xet sends no Authorization header to
     the fetch URLs handed out in reconstructions, so those are presigned (HMAC of the xorb hash
     with a key made per router) like the real service's; unsigned ones go through ``authorize``.
     ``base_url(request)`` is the absolute URL prefix under which the router is mounted.
@@ -346,9 +372,9 @@ def cas_router(
     @router.post("/v1/shards")
     async def upload_shard(request: Request) -> dict:
         """Register a shard (api.md): ``{"result": 1}`` if new, 0 if known; 400 if invalid."""
-        authorize(_bearer(request), True)
+        namespace = authorize(_bearer(request), True)
         try:
-            return {"result": int(store.put_shard(await request.body()))}
+            return {"result": int(store.put_shard(await request.body(), namespace))}
         except ValueError as e:
             raise HTTPException(400, str(e)) from None
 

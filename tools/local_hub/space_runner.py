@@ -10,13 +10,20 @@ the image's WORKDIR, in its own process group, with this environment:
 - ``PYTHONPATH`` entries standing in for the Dockerfile's ``pip install`` of the copied packages
   (this checkout's editable ``shared/`` and ``spaces/`` are hidden from ``sys.path``);
 - the Space's variables and secrets;
-- ``PORT`` (a free port on 127.0.0.1), ``SPACE_ID``, ``SPACE_AUTHOR_NAME``, ``SPACE_REPO_NAME``,
-  ``SPACE_HOST`` (``127.0.0.1:PORT``) and ``HF_ENDPOINT`` (the local Hub's URL);
+- ``PORT`` (a free port on 127.0.0.1: the app's own, reached only through the front),
+  ``SPACE_ID``, ``SPACE_AUTHOR_NAME``, ``SPACE_REPO_NAME``, ``SPACE_HOST`` (``127.0.0.1:<public
+  port>``, the front's) and ``HF_ENDPOINT`` (the local Hub's URL);
 - last, ``space_env``: what the local Hub's operator gives to stand in for hardware this machine
   lacks (e.g. vLLM's CPU settings: ``VLLM_EXTRA_ARGS``, ``VLLM_ENABLE_V1_MULTIPROCESSING``,
   ``OMP_NUM_THREADS``, ``HOST=127.0.0.1``, ``MAX_MODEL_LEN``; see
-  ``trainer/local/processes.py:start_replica``). ``{PORT}`` in a value becomes the Space's port
-  (e.g. ``ROLLOUT_PUBLIC_URL=http://127.0.0.1:{PORT}``).
+  ``trainer/local/processes.py:start_replica``). ``{PUBLIC_PORT}`` in a value becomes the Space's
+  public port (e.g. ``ROLLOUT_PUBLIC_URL=http://127.0.0.1:{PUBLIC_PORT}``), ``{PORT}`` the app's
+  own port, ``{FREE_PORT}`` another free one.
+
+Every Space is reached through its front (``space_front.py``, the process the runner starts, which
+starts the CMD as its child): the public port, where a private Space's visitors must send
+``Authorization: Bearer <token>`` with read access to it, as the Hub's proxy checks at
+``https://<owner>-<name>.hf.space``; the runtime's ``domains`` name the public port.
 
 Stages (:meth:`SpaceRunner.stage`): BUILDING from the (re)build request until the app's port
 answers HTTP (any status; polled), RUNNING after, RUNTIME_ERROR with the log's tail when the
@@ -29,9 +36,9 @@ system packages, Python version and libraries are this machine's and this venv's
 image would lack but this venv has imports here), no ``RUN`` line runs (``pip install`` is replaced
 by ``PYTHONPATH`` entries, so a dependency missing from the Space's pyproject goes unnoticed), no
 ``USER``/uid 1000 or read-only home, no ``.dockerignore`` beyond the usual caches, no GPU (the
-operator's ``space_env`` stands in), no HEALTHCHECK, no sleep after inactivity, and the app is
-reached on 127.0.0.1:PORT directly, not through the Hub's proxy (no ``Authorization`` check of a
-private Space's visitors).
+operator's ``space_env`` stands in), no HEALTHCHECK, no sleep after inactivity, no TLS (the
+front is plain HTTP on 127.0.0.1), and none of the Hub's proxy's other ways in (``?__sign=``
+links, cookies).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -71,8 +79,9 @@ class _Run:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     requested: int = 0  # generation of the latest (re)build request
     started: int = 0  # generation the current state belongs to
-    proc: subprocess.Popen | None = None
-    port: int | None = None
+    proc: subprocess.Popen | None = None  # the front (space_front.py), the app its child
+    port: int | None = None  # the public port (the front's)
+    app_port: int | None = None  # the app's own port
     answered: bool = False
     stopping: bool = False
     error_stage: str | None = None  # BUILD_ERROR / NO_APP_FILE
@@ -89,6 +98,9 @@ class SpaceRunner:
             ``{FREE_PORT}`` are replaced).
         hidden_paths: folders taken off the Space processes' ``sys.path`` (default: this
             checkout's ``shared/`` and ``spaces/``).
+        tokens_path: the Hub's ``tokens.json``, which the fronts of private Spaces check
+            visitors' tokens against (None: no token is known, so a private Space admits
+            nobody).
     """
 
     def __init__(
@@ -97,11 +109,13 @@ class SpaceRunner:
         hub_url: str,
         space_env: dict[str, str] | None = None,
         hidden_paths: list[str] | None = None,
+        tokens_path: Path | None = None,
     ):
         self.root = Path(root)
         self.hub_url = hub_url.rstrip("/")
         self.space_env = dict(space_env or {})
         self.hidden_paths = CHECKOUT_PATHS if hidden_paths is None else hidden_paths
+        self.tokens_path = None if tokens_path is None else Path(tokens_path)
         self._runs: dict[str, _Run] = {}
         self._mu = threading.Lock()
 
@@ -120,19 +134,25 @@ class SpaceRunner:
 
     # ------------------------------------------------------------------------------ control
     def start(
-        self, repo_id: str, files_dir: Path, env: dict[str, str], port: int | None = None
+        self,
+        repo_id: str,
+        files_dir: Path,
+        env: dict[str, str],
+        port: int | None = None,
+        private: bool = False,
     ) -> None:
         """(Re)build and start Space ``repo_id`` from its uploaded folder ``files_dir`` with the
         Space's variables and secrets ``env``, in the background: the Space is BUILDING from now
-        on. A running process is stopped first. ``port``: the port to reuse when it is free
-        (the Space keeps its URL across restarts). Requests in quick succession coalesce."""
+        on. A running process is stopped first. ``port``: the public port to reuse when it is
+        free (the Space keeps its URL across restarts); ``private``: its front admits only
+        tokens that may read it. Requests in quick succession coalesce."""
         run = self._run(repo_id)
         with self._mu:
             run.requested += 1
             gen = run.requested
         threading.Thread(
             target=self._rebuild,
-            args=(repo_id, run, gen, Path(files_dir), dict(env), port),
+            args=(repo_id, run, gen, Path(files_dir), dict(env), port, private),
             name=f"space-build-{repo_id}",
             daemon=True,
         ).start()
@@ -198,14 +218,15 @@ class SpaceRunner:
         files_dir: Path,
         env: dict[str, str],
         port: int | None,
+        private: bool = False,
     ) -> None:
         with run.lock:
             if run.requested != gen:
                 return  # a later request (or a stop) supersedes this one
             self._stop_proc(run)
-            error_stage, error, proc = None, None, None
+            error_stage, error, proc, app_port = None, None, None, None
             try:
-                proc, port = self._launch(repo_id, files_dir, env, port)
+                proc, port, app_port = self._launch(repo_id, files_dir, env, port, private)
             except FileNotFoundError as e:
                 error_stage, error = "NO_APP_FILE", str(e)
             except (DockerImageError, OSError, KeyError, ValueError) as e:
@@ -213,6 +234,7 @@ class SpaceRunner:
             with self._mu:
                 superseded = run.requested != gen
                 run.proc, run.port, run.answered, run.stopping = proc, port, False, False
+                run.app_port = app_port
                 run.error_stage, run.error = error_stage, error
                 run.started = gen
             if error:
@@ -220,11 +242,18 @@ class SpaceRunner:
             if superseded and proc is not None:
                 self._stop_proc(run)
         if proc is not None:
-            self._watch(run, proc, port)
+            self._watch(run, proc, app_port, port)
 
     def _launch(
-        self, repo_id: str, files_dir: Path, env: dict[str, str], port: int | None
-    ) -> tuple[subprocess.Popen, int]:
+        self,
+        repo_id: str,
+        files_dir: Path,
+        env: dict[str, str],
+        port: int | None,
+        private: bool = False,
+    ) -> tuple[subprocess.Popen, int, int]:
+        """Start the Space's front (which starts the app): (front process, public port, the
+        app's port)."""
         dockerfile = files_dir / "Dockerfile"
         if not dockerfile.is_file():
             raise FileNotFoundError("the Space has no Dockerfile at its root")
@@ -235,41 +264,60 @@ class SpaceRunner:
         img = build_image(df, str(build / "image"), str(files_dir), self.hidden_paths)
         argv = img.start_command()
         port = port if port and _port_free(port) else free_port()
+        app_port = free_port()
+        while app_port == port:
+            app_port = free_port()
         owner, name = repo_id.split("/")
         space = {
             **env,
-            "PORT": str(port),
+            "PORT": str(app_port),
             "SPACE_ID": repo_id,
             "SPACE_AUTHOR_NAME": owner,
             "SPACE_REPO_NAME": name,
             "SPACE_HOST": f"127.0.0.1:{port}",
             "HF_ENDPOINT": self.hub_url,
         }
-        for k, v in self.space_env.items():  # {PORT}: the app's port; {FREE_PORT}: another one
-            space[k] = v.replace("{PORT}", str(port)).replace("{FREE_PORT}", str(free_port()))
+        for k, v in self.space_env.items():
+            v = v.replace("{PUBLIC_PORT}", str(port)).replace("{PORT}", str(app_port))
+            space[k] = v.replace("{FREE_PORT}", str(free_port()))
         full_env = img.env(**space)
         log_path = self.log_path(repo_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log(
             repo_id,
-            f"starting {argv[1:]} in {img.cwd} on port {port} (variables and secrets: "
-            f"{sorted(env)})",
+            f"starting {argv[1:]} in {img.cwd} on port {app_port}, reached through its "
+            f"{'private' if private else 'public'} front on port {port} (variables and "
+            f"secrets: {sorted(env)})",
         )
+        spec = {
+            "argv": argv,
+            "cwd": str(img.cwd),
+            "env": full_env,
+            "port": port,
+            "app_port": app_port,
+            "repo_id": repo_id,
+            "private": private,
+            "tokens": None if self.tokens_path is None else str(self.tokens_path),
+        }
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
-                argv,
-                cwd=img.cwd,
-                env=full_env,
+                [sys.executable, "-m", "tools.local_hub.space_front"],
+                cwd=REPO,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 start_new_session=True,  # its own process group: stop() reaches its children
             )
+        try:  # the spec holds the Space's secrets: on a pipe, never on a command line
+            proc.stdin.write(json.dumps(spec).encode())
+            proc.stdin.close()
+        except OSError:
+            pass  # it exited already: the watcher reports RUNTIME_ERROR with the log's tail
         log.info("Space %s: pid %d on port %d (log %s)", repo_id, proc.pid, port, log_path)
         (self.space_dir(repo_id) / "process.json").write_text(
-            json.dumps({"pid": proc.pid, "port": port})
+            json.dumps({"pid": proc.pid, "port": port, "app_port": app_port})
         )
-        return proc, port
+        return proc, port, app_port
 
     def adopt(self, repo_id: str) -> bool:
         """Take over Space ``repo_id``'s process left running by a Hub that was killed (a Hub
@@ -281,11 +329,13 @@ class SpaceRunner:
         except (OSError, ValueError):
             return False
         proc = _Adopted(int(known["pid"]))
-        if proc.poll() is not None or not _answers(f"http://127.0.0.1:{known['port']}/"):
+        app_port = int(known.get("app_port") or known["port"])
+        if proc.poll() is not None or not _answers(f"http://127.0.0.1:{app_port}/"):
             return False
         run = self._run(repo_id)
         with self._mu:
             run.proc, run.port, run.answered, run.stopping = proc, int(known["port"]), True, False
+            run.app_port = app_port
             run.started = run.requested
         self._log(repo_id, f"adopted pid {proc.pid} on port {run.port} after a Hub restart")
         return True
@@ -298,14 +348,15 @@ class SpaceRunner:
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"[local hub {time.strftime('%H:%M:%S')}] {line}\n")
 
-    def _watch(self, run: _Run, proc: subprocess.Popen, port: int) -> None:
-        """Poll the app's port until it answers HTTP (RUNNING) or the process exits."""
+    def _watch(self, run: _Run, proc: subprocess.Popen, port: int, front_port: int) -> None:
+        """Poll the app's own ``port`` until it answers HTTP and its front (``front_port``)
+        accepts connections (RUNNING), or the process exits."""
         url = f"http://127.0.0.1:{port}/"
         while proc.poll() is None:
             with self._mu:
                 if run.proc is not proc:
                     return
-            if _answers(url):
+            if _answers(url) and _accepts(front_port):
                 with self._mu:
                     if run.proc is proc:
                         run.answered = True
@@ -390,6 +441,16 @@ def _answers(url: str) -> bool:
     except urllib.error.HTTPError:
         return True
     except (urllib.error.URLError, OSError):
+        return False
+
+
+def _accepts(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port`` (the front: an HTTP
+    request without a token would be refused there, and logged)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
         return False
 
 

@@ -20,7 +20,10 @@ run as local processes (``space_runner.py``).
 The runtime (``_space_api.SpaceRuntime`` parses it): ``{stage, hardware: {current, requested},
 gcTimeout, storage, devMode, replicas, sdk, domains, errorMessage?}``; ``domains`` lists
 ``{"domain": "127.0.0.1:PORT", "stage": "READY"|"PENDING"}`` as the Hub lists
-``{"domain": "<owner>-<name>.hf.space", "stage": "READY"}``: where the app answers.
+``{"domain": "<owner>-<name>.hf.space", "stage": "READY"}``: the Space's front
+(``space_front.py``), where a private Space's visitors must send ``Authorization: Bearer
+<token>`` with read access to it (401 without one, 404 with another user's), as at the Hub's
+``*.hf.space``; a public Space's front is open.
 
 Errors: an unknown Space (or another user's private one) is 404 with ``X-Error-Code:
 RepoNotFound`` (the client raises ``RepositoryNotFoundError``); 401/403 come from
@@ -96,10 +99,16 @@ class SpaceStore:
         space_env: extra environment for every Space process (see :class:`SpaceRunner`).
     """
 
-    def __init__(self, root: Path, hub_url: str, space_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        hub_url: str,
+        space_env: dict[str, str] | None = None,
+        tokens_path: Path | None = None,
+    ):
         self.root = Path(root)
         self.hub_url = hub_url.rstrip("/")
-        self.runner = SpaceRunner(self.root, hub_url, space_env)
+        self.runner = SpaceRunner(self.root, hub_url, space_env, tokens_path=tokens_path)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ disk
@@ -147,7 +156,13 @@ class SpaceStore:
             return
         env = {k: v["value"] for k, v in state.get("variables", {}).items()}
         env.update({k: v["value"] for k, v in state.get("secrets", {}).items()})
-        self.runner.start(repo_id, self.files_dir(repo_id), env, state.get("port"))
+        self.runner.start(
+            repo_id,
+            self.files_dir(repo_id),
+            env,
+            state.get("port"),
+            private=bool(state.get("private")),
+        )
 
     def resume_all(self) -> None:
         """Start every stored Space that is not paused (a Hub restart)."""
@@ -257,7 +272,10 @@ def spaces_router(accounts, root: Path, hub_url: str, space_env: dict[str, str])
     Space process: call it at the Hub's shutdown). Stored Spaces that are not paused start again
     now (a Hub restart keeps them running).
     """
-    store = SpaceStore(Path(root), hub_url, space_env)
+    tokens = getattr(accounts, "root", None)
+    store = SpaceStore(
+        Path(root), hub_url, space_env, None if tokens is None else Path(tokens) / "tokens.json"
+    )
     r = APIRouter()
     lock = store._lock
 

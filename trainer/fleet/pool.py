@@ -6,8 +6,11 @@ TRL's rollout worker talks to one server (``vllm_server_base_url``): the router
 
 Pool membership: a fixed list of URLs (``VLLM_URL=https://a,https://b``) and/or discovery from the
 bucket (``VLLM_URL=auto``): every replica announces its ``/v1`` base URL in its heartbeat
-(``replicas/<id>.json``, field ``url``); a fresh heartbeat with a URL joins the pool, one older
-than ``heartbeat_max_age_s`` leaves it. Each member's ``GET /health`` is polled every
+(``replicas/<id>.json``, field ``url``); a fresh heartbeat with a URL the run trusts joins the
+pool (``trainer.trust.TrustedUrls``: a ``VLLM_URL`` entry, a rollout Space deployed for the
+run, or on a local bucket a loopback replica; every Space holding a bucket token can write a
+heartbeat, so another URL is ignored with one warning), one older than ``heartbeat_max_age_s``
+leaves it. Each member's ``GET /health`` is polled every
 ``health_interval_s``; states: ``joining`` (not yet healthy or no version yet), ``serving``,
 ``draining`` (more than ``max_staleness`` versions behind the trainer: no new requests until it
 catches up), ``down`` (its last health check or request failed), ``gone`` (heartbeat stale).
@@ -35,6 +38,7 @@ import httpx
 
 from deltasync.status import read_heartbeats
 from deltasync.store import Store
+from trainer.trust import TrustedUrls
 
 log = logging.getLogger("trainer.fleet")
 
@@ -113,6 +117,8 @@ class ReplicaPool:
             dead: a ``/health`` or a request that times out then counts as a failure but does
             not take it out of the pool (a refused connection or a 503 still does).
         health_timeout_s: seconds a ``/health`` may take.
+        trust: which URLs announced in heartbeats may join (``trainer.trust``); the fixed
+            ``urls`` always do. None: loopback replicas only.
     """
 
     def __init__(
@@ -128,6 +134,7 @@ class ReplicaPool:
         require_https: bool = False,
         busy_grace_s: float = 120.0,
         health_timeout_s: float = 5.0,
+        trust: TrustedUrls | None = None,
     ):
         self.busy_grace_s = busy_grace_s
         self.store = store
@@ -141,6 +148,7 @@ class ReplicaPool:
         self._discovered_at = float("-inf")
         self.heartbeat_max_age_s = heartbeat_max_age_s
         self.require_https = require_https
+        self.trust = trust or TrustedUrls(local_replicas=True)
         self.lock = threading.Lock()
         self.replicas: dict[str, Replica] = {}
         self._warned: set[str] = set()
@@ -166,7 +174,10 @@ class ReplicaPool:
         for hb in read_heartbeats(self.store).values():
             if not hb.url or now - hb.updated_at > self.heartbeat_max_age_s:
                 continue
+            url = hb.url.rstrip("/")
             problem = valid_replica_url(hb.url, self.require_https)
+            if problem is None and url not in self.replicas:  # a fixed member always may
+                problem = self.trust.replica_problem(url)
             if problem:
                 if hb.url not in self._warned:
                     self._warned.add(hb.url)
@@ -174,7 +185,6 @@ class ReplicaPool:
                         "replica %s announces %r: %s; ignored", hb.replica_id, hb.url, problem
                     )
                 continue
-            url = hb.url.rstrip("/")
             seen.add(url)
             with self.lock:
                 r = self.replicas.get(url)

@@ -7,14 +7,23 @@ lost while any replica serves. With none serving, requests wait (one log line ab
 naming each replica and its state) and go on when one returns; after ``wait_s`` they get 503 with
 what to check. A 5xx other than 503 that every replica gives is the request's fault: it is handed
 back instead of waited on.
+
+The router adds the run's credentials toward each replica (``ReplicaPool.headers_for``), so it
+must not serve every local process: each ``/v1`` request must carry ``Authorization: Bearer
+<key>``, a key made for this run (:attr:`FleetRouter.key`, ``secrets.token_urlsafe``) and handed
+only to TRL's rollout worker (``trainer.loop.trl_compat.send_request_headers``) and the
+evaluations (``EvalRequest.headers``); without it the answer is 401 and nothing is forwarded.
+``/health`` (the replicas' states and URLs, no credential) stays open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -66,6 +75,8 @@ class FleetRouter:
         request_timeout_s: per attempt; a replica that takes longer is marked down and the
             request goes to another.
         log_every_s: seconds between the "waiting for a replica" lines.
+        key: the bearer key every ``/v1`` request must carry (None: a new one,
+            ``secrets.token_urlsafe(32)``); clients send :attr:`headers`. Never logged.
     """
 
     def __init__(
@@ -74,8 +85,10 @@ class FleetRouter:
         wait_s: float = 900.0,
         request_timeout_s: float = 300.0,
         log_every_s: float = 10.0,
+        key: str | None = None,
     ):
         self.pool = pool
+        self._key = key or secrets.token_urlsafe(32)
         self.wait_s = wait_s
         self.request_timeout_s = request_timeout_s
         self.log_every_s = log_every_s
@@ -87,6 +100,17 @@ class FleetRouter:
         self._thread: threading.Thread | None = None
         self.url: str | None = None
         self.affinity = EpisodeAffinity()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The header a client of this router sends: ``Authorization: Bearer <key>``."""
+        return {"Authorization": f"Bearer {self._key}"}
+
+    def _authorized(self, authorization: str | None) -> bool:
+        """Whether a request's ``Authorization`` header carries this run's key (compared in
+        constant time)."""
+        expected = self.headers["Authorization"].encode()
+        return hmac.compare_digest((authorization or "").encode(), expected)
 
     def _remember_turn(
         self, prompt: list[int], resp: _Answer, url: str, version: int | None
@@ -156,6 +180,18 @@ class FleetRouter:
             )
 
         async def proxy(request: Request) -> Response:
+            if not self._authorized(request.headers.get("authorization")):
+                return JSONResponse(
+                    {
+                        "error": "expected 'Authorization: Bearer <key>' with this run's router "
+                        "key, found "
+                        + ("another key" if request.headers.get("authorization") else "none")
+                        + ": the trainer hands its key to TRL's rollout worker and its "
+                        "evaluations only; other processes cannot use the run's replicas"
+                    },
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             try:
                 body = await request.body()
             except ClientDisconnect:  # the client went away mid-request: nothing to forward

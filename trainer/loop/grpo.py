@@ -85,6 +85,7 @@ def build_trainer(
     transfer.step_fn = lambda: trainer.state.global_step  # recorded in each manifest entry
     weights.prepare_trainer(trainer, transfer, rollouts.publisher)
     trl_compat.bound_score_queue(trainer, groups=1)
+    trl_compat.send_request_headers(trainer, rollouts.headers)  # the router's run key
     tagger = _attach_version_tags(trainer, grpo, transfer, rollouts, task)
     if task.attach is not None:
         task.attach(trainer, run, grpo)

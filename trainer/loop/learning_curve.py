@@ -104,7 +104,9 @@ class HeldOutEvals:
         """Once a replica serves the first version: the context check, then the evaluation."""
         t = self.target
         if self.task.check_context is not None:
-            worst = self.task.check_context(t.replica_url, t.model_path, t.max_tokens)
+            worst = self.task.check_context(
+                t.replica_url, t.model_path, t.max_tokens, headers=t.headers
+            )
             log.info("a full episode fits the replica's context (at most %d tokens)", worst)
         self.play("before", 0, version, self.settings.episodes, self.settings.draws)
 

@@ -36,6 +36,11 @@ from deltasync.store import Store
 log = logging.getLogger("trainer.loop.metrics")
 
 
+class DroppedEpisodesError(RuntimeError):
+    """Too many episodes failed by the environment (no reward) for too many steps in a row: the
+    run stops rather than train on what is left."""
+
+
 def _num(logs: dict, *keys) -> float | None:
     for k in keys:
         v = logs.get(k)
@@ -65,6 +70,10 @@ class BucketMetricsCallback(TrainerCallback):
             (``trainer.fleet.pool.ReplicaPool.replica_rows``), or None.
         step_figures: ``f(counts, games) -> dict``: the task's figures of a step's training
             games (``Task.step_figures``: e.g. Wordle's valid share), or None: none.
+        max_dropped_fraction: a step whose dropped episodes (the environment failed them:
+            ``GameTally.dropped``) are more than this share of its episodes is failing; 1: never.
+        max_dropped_steps: after this many failing steps in a row ``on_log`` raises
+            :class:`DroppedEpisodesError` (once the metrics are written), which stops the run.
 
     The file is written on a thread of its own, newest content first (a write waiting behind a
     slow one is replaced by the next): a Hub outage stalls one write for as long as the client's
@@ -85,7 +94,12 @@ class BucketMetricsCallback(TrainerCallback):
         log_path: str | None = None,
         fleet=None,
         step_figures=None,
+        max_dropped_fraction: float = 1.0,
+        max_dropped_steps: int = 3,
     ):
+        self.max_dropped_fraction = max_dropped_fraction
+        self.max_dropped_steps = max_dropped_steps
+        self._dropping: list[str] = []  # the failing steps in a row, "step N: d of n"
         self.log_path = log_path
         self.step_figures = step_figures
         self.store = store
@@ -116,6 +130,8 @@ class BucketMetricsCallback(TrainerCallback):
             log_path=os.path.join(stack.logs_dir, "steps.jsonl"),
             fleet=stack.pool.replica_rows,
             step_figures=task.step_figures,
+            max_dropped_fraction=stack.cfg.grpo.max_dropped_fraction,
+            max_dropped_steps=stack.cfg.grpo.max_dropped_steps,
         )
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -239,6 +255,7 @@ class BucketMetricsCallback(TrainerCallback):
             kl=_num(logs, "kl"),
             clipped=_num(logs, "clip_ratio/region_mean"),
             tokens_per_s=round(tokens / step_s, 1) if tokens and step_s else None,
+            dropped_episodes=games.dropped if games else None,
         )
         self.metrics.steps = (self.metrics.steps + [m])[-self.keep :]
         self._write(force=False)
@@ -250,9 +267,40 @@ class BucketMetricsCallback(TrainerCallback):
             f"v{m.version} replica=v{rv} stale={_fmt(m.stale_fraction, 2)} "
             f"bytes={m.bytes} density={_fmt(m.density, 5)}"
         )
+        if m.dropped_episodes:
+            msg += f" dropped={m.dropped_episodes}/{m.dropped_episodes + (m.games or 0)}"
         msg += self._store_note(outage)
         tqdm.write(msg)  # above the progress bar; the bar's own per-log dict is silenced
         log.debug(msg)
+        self._check_dropped(m)
+
+    def _check_dropped(self, m: StepMetrics) -> None:
+        """Count a step whose dropped share is over ``max_dropped_fraction``; after
+        ``max_dropped_steps`` of them in a row, write the metrics and raise.
+
+        Raises:
+            DroppedEpisodesError: names the steps, their dropped and total episodes, the
+                settings and what to check.
+        """
+        dropped = m.dropped_episodes or 0
+        total = dropped + (m.games or 0)
+        if total == 0:
+            return  # no episode taken this step: the streak neither grows nor ends
+        if dropped / total <= self.max_dropped_fraction:
+            self._dropping = []
+            return
+        self._dropping.append(f"step {m.step}: {dropped} of {total}")
+        if len(self._dropping) < self.max_dropped_steps:
+            return
+        self._write()
+        self.flush()
+        raise DroppedEpisodesError(
+            f"expected at most {self.max_dropped_fraction:g} of a step's episodes dropped, found "
+            f"more for {len(self._dropping)} steps in a row ({'; '.join(self._dropping)}): the "
+            "environment failed them (no reward; the log says why, e.g. 'Wordle server "
+            "unreachable'). Check that ENV_URL answers (and its key, WORDLE_API_KEY, if it has "
+            "one), or raise --max-dropped-fraction / --max-dropped-steps"
+        )
 
     def _store_note(self, outage) -> str:
         """The step line's note on a store outage: while it lasts, and once after it ended."""

@@ -13,7 +13,10 @@ also keeps the staleness histogram of every sample the trainer took from the que
 It also counts the training games: each episode the trainer kept (not dropped as stale) and that
 was scored, once, with the task's counts of it (``Task.episode_counts``, read from the episode's
 messages: e.g. Wordle's consistent guesses), per step (:meth:`ReplicaVersionTagger.take_games`) and
-in all (``games_total``).
+in all (``games_total``); and the dropped episodes: kept ones that got no reward (the
+environment failed them, e.g. a Wordle server that stayed unreachable: ``reward`` None, which TRL
+turns into NaN and trains on with advantage 0), once each, per step and in all
+(``dropped_total``).
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ class GameTally:
         games: episodes.
         counts: the task's counts of those episodes, summed (``Task.episode_counts``: e.g.
             Wordle's accepted guesses and invalid moves by code).
+        dropped: episodes the environment failed (no reward), not among ``games``.
     """
 
     games: int = 0
     counts: Counter = field(default_factory=Counter)
+    dropped: int = 0
 
 
 @dataclass
@@ -128,6 +133,7 @@ class ReplicaVersionTagger:
         self.replica_version: int | None = None
         self.staleness = Counter()  # TRL versions behind, for each consumed sample
         self.games_total = 0  # training games (kept, scored episodes), each counted once
+        self.dropped_total = 0  # kept episodes without a reward (the environment failed them)
         self._games = GameTally()  # since the last take_games()
         self._episode: _Episode | None = None
         self._stop = threading.Event()
@@ -211,9 +217,14 @@ class ReplicaVersionTagger:
         ):
             ep = self._episode = _Episode(sample.group_id, sample.completion, lead)
         ep.lead = lead
-        if not kept or ep.counted or not _scored(sample):
+        if not kept or ep.counted:
             return
         ep.counted = True
+        if not _scored(sample):
+            with self._lock:
+                self.dropped_total += 1
+                self._games.dropped += 1
+            return
         counts = self._episode_counts(sample.completion) if self._episode_counts else {}
         with self._lock:
             self.games_total += 1
@@ -228,6 +239,7 @@ class ReplicaVersionTagger:
             "staleness_dropped": self.dropped,
             "per_sample_tags": self.per_sample_tags,
             "train_games": self.games_total,
+            "dropped_episodes": self.dropped_total,
         }
 
     def take_games(self) -> GameTally:

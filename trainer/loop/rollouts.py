@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -23,6 +23,8 @@ class Rollouts:
         turn_versions: ``f(token_ids) -> [(turn end, version)]`` (``EpisodeAffinity.turn_versions``),
             for the off-policy correction.
         serving_count: ``f() -> int``: how many replicas serve now (the evaluations' sizing).
+        headers: what every request to ``url`` carries: the router's run key
+            (``FleetRouter.headers``), handed to TRL's rollout worker and the evaluations.
     """
 
     url: str | None
@@ -31,6 +33,7 @@ class Rollouts:
     sample_versions: Callable | None = None
     turn_versions: Callable | None = None
     serving_count: Callable[[], int] = lambda: 1
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def wait_for_version(version_fn, version: int, timeout_s: float = 600.0) -> None:

@@ -35,6 +35,15 @@ merge then unmerge in float arithmetic leaves the base weights changed by roundi
 2.67 M fp32 elements of the local model after one round trip), and :func:`set_request_model`
 makes the rollout worker request the stable adapter name instead of the base model's path.
 
+One more lets the rollout worker authenticate to the run's fleet router (which requires the run's
+key, ``trainer.fleet.router``): TRL's rollout child opens one ``aiohttp.ClientSession`` with no
+headers and posts ``/v1/completions`` through it, and AsyncGRPOConfig has no headers setting.
+:func:`send_request_headers` swaps the worker's loop class (``AsyncRolloutWorker._loop_cls``, the
+hook TRL's own ``openenv_harness`` uses) for :class:`RequestHeadersLoop`, which puts the headers
+on that session as the child creates it (aiohttp's public ``ClientSession.headers``, sent with
+every request), and passes them through ``_loop_kwargs`` (pickled into the child, never in its
+environment or a log). Nothing of TRL's request code is copied.
+
 One more serves turn-level credit (``--turn-credit``, ``trainer.loop.advantages.TurnCredit``):
 TRL's packer (``packing.TreeRow.pack``) gives every trained token of a sample the sample's one
 ``advantage``; :func:`per_token_advantages` lets a sample carry a ``(T,)`` array instead, read at
@@ -47,6 +56,7 @@ each trained token's position.
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 
@@ -333,4 +343,75 @@ def set_request_model(trainer, name: str) -> bool:
         )
     kwargs["model_name"] = name
     kwargs["lora_name"] = None  # no "-v{N}" suffix: the replica maps the name to its newest
+    return True
+
+
+def _request_headers_loop():
+    """:class:`RequestHeadersLoop`, made on first use (importing TRL's rollout worker is slow)
+    and kept in this module's globals, so the spawned child finds it by name when it unpickles
+    the worker's ``_loop_cls``."""
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
+
+    class RequestHeadersLoop(_AsyncRolloutLoop):
+        """TRL's rollout loop whose HTTP session sends ``request_headers`` with every request
+        (the run's key of the fleet router)."""
+
+        def __init__(self, *args, request_headers: dict[str, str] | None = None, **kwargs):
+            self._request_headers = dict(request_headers or {})
+            super().__init__(*args, **kwargs)
+
+        @property
+        def session(self):
+            return self.__dict__.get("_deltasync_session")
+
+        @session.setter
+        def session(self, value) -> None:
+            if value is not None:  # TRL's ``_run_loops`` sets its session here
+                value.headers.update(self._request_headers)
+            self.__dict__["_deltasync_session"] = value
+
+    RequestHeadersLoop.__module__ = __name__
+    RequestHeadersLoop.__qualname__ = "RequestHeadersLoop"
+    return RequestHeadersLoop
+
+
+def __getattr__(name: str):
+    if name == "RequestHeadersLoop":
+        cls = globals()["RequestHeadersLoop"] = _request_headers_loop()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def send_request_headers(trainer, headers: dict[str, str]) -> bool:
+    """Make TRL's rollout worker send ``headers`` (the fleet router's run key) with every
+    request, before ``train()`` spawns its child: its loop class becomes
+    :class:`RequestHeadersLoop`, the headers go through ``_loop_kwargs``. Returns False on other
+    ranks (no worker) or with no headers.
+
+    Raises:
+        TRLCompatError: TRL's worker no longer takes a loop class and its arguments this way, or
+            its loop no longer keeps its HTTP session in ``session``.
+    """
+    import inspect
+
+    from trl.experimental.async_grpo import async_rollout_worker
+
+    worker = getattr(trainer, "rollout_worker", None)
+    if worker is None or not headers:
+        return False
+    base = async_rollout_worker._AsyncRolloutLoop
+    kwargs = getattr(worker, "_loop_kwargs", None)
+    source = inspect.getsource(base._run_loops)
+    if (
+        not isinstance(kwargs, dict)
+        or getattr(worker, "_loop_cls", None) is not base
+        or "self.session = session" not in source
+    ):
+        raise TRLCompatError(
+            "TRL's rollout worker no longer takes _loop_cls/_loop_kwargs with the plain "
+            "_AsyncRolloutLoop, or that loop no longer sets self.session: TRL changed, re-check "
+            "trl_compat.send_request_headers"
+        )
+    worker._loop_cls = sys.modules[__name__].RequestHeadersLoop  # module __getattr__
+    kwargs["request_headers"] = dict(headers)
     return True

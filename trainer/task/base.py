@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from trainer.trust import TrustedUrls
 
 # The environment server's URL, handed to TRL's spawned rollout process (set by the run stack,
 # read by a task's environment client or reward function).
 ENV_URL_VAR = "DELTASYNC_ENV_URL"
 # The episode reward the run trains on (``--reward``, one of ``Task.rewards``), handed the same way.
 REWARD_VAR = "DELTASYNC_TASK_REWARD"
+# The environment server's key (``Secrets.env_api_key``), handed the same way: the user's own
+# variable, which the run stack also sets from a config built in Python; sent only to ENV_URL.
+ENV_KEY_VAR = "WORDLE_API_KEY"
 
 
 class TaskError(ValueError):
@@ -61,6 +66,11 @@ class EvalRequest:
             common random numbers) and another draw samples other tokens on the same episodes
             (``EvalSettings.draws``).
         workers: episodes played at once (``HeldOutEvals`` sizes it to the serving replicas).
+        headers: headers every request to ``replica_url`` carries: the run's key of the fleet
+            router (``Authorization``, ``trainer.fleet.router.FleetRouter.headers``); never
+            shown (``repr``).
+        env_headers: headers of the connection to ``env_url`` (a private environment Space's
+            ``Authorization``: :func:`space_headers`); never shown.
     """
 
     replica_url: str
@@ -70,6 +80,8 @@ class EvalRequest:
     max_tokens: int
     draw: int = 0
     workers: int = 16
+    headers: dict[str, str] | None = field(default=None, repr=False)
+    env_headers: dict[str, str] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -93,8 +105,9 @@ class Task:
             seeds through the replica; the block has ``episodes``, ``reward_mean``,
             ``reward_se`` and, with ``per_seed``, each episode's reward in ``seeds`` order (for
             the paired comparison), plus any task figures (win rate, ...).
-        check_context: ``f(replica_url, model_path, max_tokens) -> int``: raises when the
-            longest episode does not fit the replica's context; None: not checked.
+        check_context: ``f(replica_url, model_path, max_tokens, headers=None) -> int``: raises
+            when the longest episode does not fit the replica's context (``headers``: the
+            request's ``EvalRequest.headers``, the router's key); None: not checked.
         episode_counts: ``f(completion) -> {name: count}``: counts of one training episode (its
             messages after the prompt), summed over each step's games.
         turn_rewards: ``f(completion) -> [float | None]``: each assistant turn's own reward in
@@ -124,7 +137,7 @@ class Task:
     server: EnvServer | None = None
     environment_factory: type | None = None
     reward_funcs: Sequence[Callable] = ()
-    check_context: Callable[[str, str, int], int] | None = None
+    check_context: Callable[..., int] | None = None
     episode_counts: Callable[[list], dict[str, int]] | None = None
     step_figures: Callable[[dict[str, int], int], dict] | None = None
     turn_rewards: Callable[[list], list[float | None]] | None = None
@@ -142,15 +155,27 @@ class Task:
             )
 
 
-def space_headers(url: str, hf_token: str | None) -> dict[str, str]:
-    """``Authorization: Bearer <hf_token>`` for a ``*.hf.space`` URL (a private Space), else no
-    header: the HF token is never sent to other hosts."""
-    from urllib.parse import urlparse
-
-    host = urlparse(url).hostname or ""
-    if hf_token and host.endswith(".hf.space"):
+def space_headers(url: str, hf_token: str | None, trust: TrustedUrls) -> dict[str, str]:
+    """``Authorization: Bearer <hf_token>`` for a private Space the run trusts: ``https://`` on a
+    ``*.hf.space`` host the user gave (``ENV_URL``, ``VLLM_URL``) or ``make spaces`` deployed
+    for this run (``trainer.trust.TrustedUrls.may_send_hf_token``); else no header. The HF
+    token (usually account-wide, write) never goes to another host, nor over plain http."""
+    if hf_token and trust.may_send_hf_token(url):
         return {"Authorization": f"Bearer {hf_token}"}
     return {}
+
+
+def env_headers(
+    url: str, env_api_key: str | None, hf_token: str | None, trust: TrustedUrls
+) -> dict[str, str]:
+    """Headers of a connection to the environment server at ``url``: ``Bearer <env_api_key>``
+    when a key is configured and the user gave ``url`` (``ENV_URL``, or the server the run
+    started itself), else the HF token for a private Space the run trusts (:func:`space_headers`),
+    else none. A public Space with a key needs no HF token, a private one has no key, so the key
+    comes first."""
+    if env_api_key:
+        return {"Authorization": f"Bearer {env_api_key}"} if trust.given(url) else {}
+    return space_headers(url, hf_token, trust)
 
 
 # The tasks shipped, by name: "module:attribute" of their Task.

@@ -193,10 +193,13 @@ def play_episode(
     temperature: float = 0.0,
     board: bool = True,
     draw: int = 0,
+    env_headers: dict | None = None,
 ) -> EpisodeResult:
     """Play the game of ``seed`` through the replica; ``board=False`` leaves the board out of
     the tool replies (the warm-start ablation of ``bench/bench_warm_start.py``). Each turn's
     request carries the sampling seed :func:`sampling_seed` ``(seed, turn, draw)``.
+    ``env_headers``: sent on the environment's WebSocket handshake (a private Wordle Space's
+    ``Authorization``).
 
     Raises:
         EvalError: the replica answered an error (after httpx's own connection handling).
@@ -206,7 +209,7 @@ def play_episode(
     messages = prompt_messages()
     tools = [guess_tool()]
     stats, turns, wellformed, env_reward, end = EpisodeStats(), 0, 0, 0.0, "turn_limit"
-    with WordleEnv(base_url=env_url).sync() as env:
+    with WordleEnv(base_url=env_url, headers=env_headers or None).sync() as env:
         reset = env.reset(seed=seed)
         from trainer.task.wordle_task import RESET_TEXT
 
@@ -384,6 +387,7 @@ def evaluate(
     per_seed: bool = False,
     model_name: str | None = None,
     draw: int = 0,
+    env_headers: dict | None = None,
 ) -> dict:
     """Play ``seeds`` through the replica; returns :func:`summarize`'s block.
 
@@ -395,7 +399,8 @@ def evaluate(
         max_tokens: completion cap per turn (the GRPO setting).
         temperature: 0 = greedy.
         workers: games played concurrently.
-        headers: extra request headers (e.g. ``Authorization`` for a private Space).
+        headers: headers of every request to the replica (the fleet router's run key, or
+            ``Authorization`` for a private Space).
         board: tool replies carry the board (``trainer.task.board``), as in training.
         per_seed: add ``per_seed``: each game's environment reward, in ``seeds`` order (for a
             paired comparison of two evaluations on the same seeds).
@@ -403,6 +408,8 @@ def evaluate(
             the replica maps to its newest adapter version). None: the replica's served model
             (``GET /v1/models``).
         draw: the sampling draw (:func:`sampling_seed`; ``EvalRequest.draw``).
+        env_headers: headers of the environment's WebSocket handshake (a private Wordle Space's
+            ``Authorization``; ``EvalRequest.env_headers``).
     """
     from transformers import AutoTokenizer
 
@@ -425,6 +432,7 @@ def evaluate(
                     temperature,
                     board,
                     draw,
+                    env_headers,
                 ),
                 seeds,
             )

@@ -33,13 +33,17 @@ def _evaluate(request: EvalRequest, seeds: list, temperature: float, per_seed: b
         per_seed=per_seed,
         model_name=request.model_name,
         draw=request.draw,
+        headers=request.headers,
+        env_headers=request.env_headers,
     )
 
 
-def _check_context(replica_url: str, model_path: str, max_tokens: int) -> int:
+def _check_context(
+    replica_url: str, model_path: str, max_tokens: int, headers: dict | None = None
+) -> int:
     from trainer.task.evaluate import check_context
 
-    return check_context(replica_url, model_path, max_tokens)
+    return check_context(replica_url, model_path, max_tokens, headers)
 
 
 def episode_counts(completion: list) -> dict[str, int]:
@@ -148,7 +152,17 @@ TASK = Task(
     name="wordle",
     dataset=wordle_task.make_dataset,
     server=EnvServer(
-        "wordle-env", ("-m", "wordle_env.server.app"), WORDLE_DIR, (("WORDLE_HOST", "127.0.0.1"),)
+        "wordle-env",
+        ("-m", "wordle_env.server.app"),
+        WORDLE_DIR,
+        # loopback, serving this run alone: no key (a WORDLE_API_KEY the user exported for a
+        # public Space is not inherited; blank is unset), and the per-client cap (for public
+        # Spaces) out of the way of a large --per-device-train-batch-size
+        (
+            ("WORDLE_HOST", "127.0.0.1"),
+            ("WORDLE_API_KEY", ""),
+            ("WORDLE_MAX_SESSIONS_PER_CLIENT", "256"),
+        ),
     ),
     environment_factory=wordle_task.WordleToolEnv,
     eval_seeds=lambda count: wordle_task.eval_seeds(count=count),

@@ -42,7 +42,8 @@ import time
 from dataclasses import dataclass, field
 
 from trainer.task import board
-from trainer.task.base import ENV_URL_VAR, REWARD_VAR, space_headers
+from trainer.task.base import ENV_KEY_VAR, ENV_URL_VAR, REWARD_VAR, env_headers
+from trainer.trust import TrustedUrls
 from wordle_env import rules, wordlists
 
 log = logging.getLogger("trainer.task.wordle_task")
@@ -325,9 +326,13 @@ class WordleToolEnv:
             raise RuntimeError(
                 f"expected the Wordle server's URL in ${ENV_URL_VAR} (set by the trainer), found none"
             )
-        # A private Wordle Space needs the HF token (openenv's client sends these headers on the
-        # WebSocket handshake); other hosts never get it.
-        headers = space_headers(url, os.environ.get("HF_TOKEN"))
+        # A public Wordle Space needs its key, a private one the HF token (openenv's client sends
+        # these headers on the WebSocket handshake): the run's rule, base.env_headers. The
+        # trainer set this URL from the user's ENV_URL (or its own local server), so it is the
+        # one URL trusted here; the HF token still goes only over https to a *.hf.space host.
+        headers = env_headers(
+            url, os.environ.get(ENV_KEY_VAR), os.environ.get("HF_TOKEN"), TrustedUrls.of([url])
+        )
         self._client = WordleEnv(base_url=url, headers=headers or None).sync()
         self._client.connect()
 

@@ -33,10 +33,11 @@ COLUMNS: dict[str, list[str]] = {
     # the same syncs in long form: phase "fetch" | "decode" | "apply" | "paused"
     "sync_phases": "time replica version phase seconds".split(),
     # one row per trainer step; consistent_rate, valid_rate, kl and games: the step's training
-    # games (valid_rate: accepted guesses / moves) and TRL's KL
+    # games (valid_rate: accepted guesses / moves) and TRL's KL; dropped_episodes: the step's
+    # episodes the environment failed (NaN in files written before it was counted)
     "training": (
         "step time version reward loss staleness_mean stale_fraction diff_s encode_s upload_s mb "
-        "density consistent_rate valid_rate kl games"
+        "density consistent_rate valid_rate kl games dropped_episodes"
     ).split(),
     # reward per step in long form for one plot: series "train" (the trainer's mean reward) and
     # one series per evaluation, "eval <label> ±SE" (three points at its step: mean - SE, mean,
@@ -232,6 +233,7 @@ class FramesFromHistory:
                     s.valid_rate,
                     s.kl,
                     s.games,
+                    s.dropped_episodes,
                 )
             )
         return _frame("training", rows)

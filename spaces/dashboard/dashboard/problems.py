@@ -86,4 +86,11 @@ _PUBLIC_ERRORS = {
     "ModelMismatchError": "model mismatch",
     "ManifestError": "invalid manifest",
     "EngineControlError": "engine control failed",
+    # signed versions (RUN_PUBLIC_KEY): the replica refused a version and keeps serving its own
+    "SignatureError": "refused a version: its signature does not verify",
+    "UnsignedVersionError": "refused an unsigned version",
+    "ForeignKeyError": "refused a version signed by another key",
+    "PayloadDigestError": "refused a payload that differs from the signed one",
+    "StaleManifestError": "ignored an older manifest",
+    "ForeignRunError": "ignored another run's manifest",
 }

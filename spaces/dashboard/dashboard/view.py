@@ -160,6 +160,7 @@ class RunView:
             lines += [f"warning: {_escape(w)}" for w in self.public_warnings()]
         else:
             lines += [f"warning: {w.detail}" for w in self.warnings]
+        lines += self._dropped_lines()
         evals = self.frame("evals")
         for r in evals.itertuples():
             rates = "".join(  # the task's shares that this evaluation has
@@ -181,6 +182,24 @@ class RunView:
             f"{self.stats.bytes_read} bytes, {self.stats.stat_calls} stat call(s)</small>"
         )
         return "  \n".join(lines)
+
+    def _dropped_lines(self) -> list[str]:
+        """One line when steps had episodes the environment failed (no reward): the last such
+        step's count and the total; none otherwise."""
+        training = self.frame("training")
+        if not len(training) or "dropped_episodes" not in training:
+            return []
+        dropped = training[training["dropped_episodes"].fillna(0) > 0]
+        if not len(dropped):
+            return []
+        last = dropped.iloc[-1]
+        games = 0 if pd.isna(last["games"]) else int(last["games"])
+        n = int(last["dropped_episodes"])
+        return [
+            f"dropped episodes (the environment failed them): **{n} of {n + games}** at step "
+            f"{int(last['step'])}, {int(dropped['dropped_episodes'].sum())} in "
+            f"{len(dropped)} step(s)"
+        ]
 
 
 def _escape(text: str) -> str:

@@ -8,6 +8,11 @@
 | ``CONTROL_TOKEN``         | ``control_token``         | none: control routes refuse all  |
 | ``ROLLOUT_API_KEY``       | ``api_key``               | none: ``/v1`` routes are open    |
 | ``MAX_BODY_BYTES``        | ``max_body_bytes``        | 4194304 (4 MiB)                  |
+| ``MAX_CONCURRENT_REQUESTS``| ``max_concurrent_requests``| 256 per key (or client address) |
+| ``MAX_N``                 | ``max_n``                 | 16                               |
+| ``MAX_TOKENS``            | ``max_tokens``            | 1024 (also max_completion_tokens)|
+| ``UPSTREAM_TIMEOUT_S``    | ``upstream_timeout_s``    | 600                              |
+| ``FORWARDED_HOPS``        | ``forwarded_hops``        | 1 (trust the Hub's proxy)        |
 | ``POLL_INTERVAL_S``       | ``poll_interval_s``       | 1.0                              |
 | ``HEARTBEAT_INTERVAL_S``  | ``heartbeat_interval_s``  | 10.0                             |
 | ``CHECK_INTERVAL_S``      | ``check_interval_s``      | 600 (0: after recoveries only)   |
@@ -29,6 +34,7 @@
 | ``MAX_LORAS``             | ``max_loras``             | 4                                |
 | ``NET``                   | ``net``                   | none (or ``spaces``, ``slow``)   |
 | ``SYNC_EVERY``            | ``sync_every``            | 1                                |
+| ``RUN_PUBLIC_KEY``        | ``run_public_key``        | none: unsigned versions served   |
 
 Each field of ``RolloutConfig`` declares its variable once, next to its default
 (``metadata={"env": ...}``; a tuple lists fallbacks); ``from_env`` reads them by the field's type
@@ -55,6 +61,13 @@ from dataclasses import MISSING, dataclass, field, fields
 
 from deltasync.link import LinkProfileError, link_for
 
+from .limits import (
+    DEFAULT_FORWARDED_HOPS,
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_MAX_N,
+    DEFAULT_MAX_TOKENS,
+    GenerationLimits,
+)
 from .staging import default_stage_dir
 
 log = logging.getLogger("rollout.config")
@@ -124,6 +137,13 @@ class RolloutConfig:
         api_key: bearer token the public ``/v1`` routes require; None leaves them open (the
             local default; on a public Space anyone could generate).
         max_body_bytes: largest request body the front forwards, bytes (413 beyond).
+        max_concurrent_requests: generation requests in flight per client: per key with
+            ``api_key``, else per client address (429 beyond; ``rollout.limits``).
+        max_n: largest ``n`` (and ``best_of``) of a generation request (400 beyond).
+        max_tokens: largest ``max_tokens`` / ``max_completion_tokens`` (400 beyond).
+        upstream_timeout_s: seconds the front waits for vLLM's answer to a proxied request.
+        forwarded_hops: trusted proxies in front of the replica: the client address is the
+            N-th entry from the right of ``X-Forwarded-For``; 0: the TCP peer's.
         poll_interval_s: seconds between manifest polls.
         heartbeat_interval_s: seconds between heartbeat writes while nothing changes.
         check_interval_s: seconds between full-weights checks of what vLLM serves against the
@@ -167,6 +187,9 @@ class RolloutConfig:
         sync_every: a forced lag: pull only once the newest version is this many past the one
             served (or the run has published nothing for 30 s); 1: every version
             (``deltasync.follow.Follower``).
+        run_public_key: the run's public key (base64 of 32 bytes, ``make spaces`` sets it): the
+            replica serves only versions signed by it whose payloads hash to the signed SHA-256
+            (``deltasync.signing``); None: unsigned versions are served too.
     """
 
     bucket: str = field(metadata={"env": "BUCKET"})
@@ -177,6 +200,13 @@ class RolloutConfig:
     control_token: str | None = field(default=None, repr=False, metadata={"env": "CONTROL_TOKEN"})
     api_key: str | None = field(default=None, repr=False, metadata={"env": "ROLLOUT_API_KEY"})
     max_body_bytes: int = field(default=DEFAULT_MAX_BODY_BYTES, metadata={"env": "MAX_BODY_BYTES"})
+    max_concurrent_requests: int = field(
+        default=DEFAULT_MAX_CONCURRENT, metadata={"env": "MAX_CONCURRENT_REQUESTS"}
+    )
+    max_n: int = field(default=DEFAULT_MAX_N, metadata={"env": "MAX_N"})
+    max_tokens: int = field(default=DEFAULT_MAX_TOKENS, metadata={"env": "MAX_TOKENS"})
+    upstream_timeout_s: float = field(default=600.0, metadata={"env": "UPSTREAM_TIMEOUT_S"})
+    forwarded_hops: int = field(default=DEFAULT_FORWARDED_HOPS, metadata={"env": "FORWARDED_HOPS"})
     poll_interval_s: float = field(default=1.0, metadata={"env": "POLL_INTERVAL_S"})
     heartbeat_interval_s: float = field(default=10.0, metadata={"env": "HEARTBEAT_INTERVAL_S"})
     check_interval_s: float = field(default=600.0, metadata={"env": "CHECK_INTERVAL_S"})
@@ -201,6 +231,18 @@ class RolloutConfig:
     max_loras: int = field(default=4, metadata={"env": "MAX_LORAS"})
     net: str | None = field(default=None, metadata={"env": "NET"})
     sync_every: int = field(default=1, metadata={"env": "SYNC_EVERY"})
+    run_public_key: str | None = field(default=None, metadata={"env": "RUN_PUBLIC_KEY"})
+
+    @property
+    def limits(self) -> GenerationLimits:
+        """The front's per-client caps (``rollout.limits``).
+
+        Raises:
+            ValueError: a cap out of range (the message names its variable).
+        """
+        return GenerationLimits(
+            self.max_concurrent_requests, self.max_n, self.max_tokens, self.forwarded_hops
+        )
 
     def __post_init__(self):
         if not self.bucket:
@@ -213,6 +255,14 @@ class RolloutConfig:
             raise ConfigError("POLL_INTERVAL_S and HEARTBEAT_INTERVAL_S must be > 0")
         if self.sync_every < 1:
             raise ConfigError(f"SYNC_EVERY must be an integer >= 1, found {self.sync_every}")
+        if self.run_public_key is not None:
+            from deltasync.errors import KeyFileError
+            from deltasync.signing import public_key_of
+
+            try:
+                public_key_of(self.run_public_key, "RUN_PUBLIC_KEY")
+            except KeyFileError as e:
+                raise ConfigError(str(e)) from None
         if self.check_interval_s < 0:
             raise ConfigError(
                 f"CHECK_INTERVAL_S must be >= 0 seconds (0: no scheduled check), found "
@@ -228,6 +278,14 @@ class RolloutConfig:
             raise ConfigError(
                 f"ROLLOUT_DTYPE: expected one of {', '.join(DTYPES)}, found {self.dtype!r}; "
                 "unset it for auto (float32 where bf16 is emulated, else bfloat16)"
+            )
+        try:
+            _ = self.limits
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if self.upstream_timeout_s <= 0:
+            raise ConfigError(
+                f"UPSTREAM_TIMEOUT_S must be > 0 seconds, found {self.upstream_timeout_s}"
             )
         if self.max_body_bytes < 1024:
             raise ConfigError(

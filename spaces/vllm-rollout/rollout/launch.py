@@ -286,6 +286,7 @@ def main() -> None:
     from .config import RolloutConfig
     from .engine import VLLMControl
     from .server import create_app
+    from .staging import private_stage_dir
     from .sync_loop import SyncLoop
 
     logging.basicConfig(
@@ -300,7 +301,7 @@ def main() -> None:
             cfg.host,
             cfg.port,
         )
-    os.makedirs(cfg.stage_dir, exist_ok=True)
+    private_stage_dir(cfg.stage_dir)  # 0700, or StageDirError if another user can reach it
     dtype, why = served_dtype(cfg.dtype)
     log.info("vLLM serves in %s (%s)", dtype, why)
     proc = subprocess.Popen(
@@ -333,6 +334,7 @@ def main() -> None:
             adapter=adapter_target(cfg),
             sync_every=cfg.sync_every,
             check_interval_s=cfg.check_interval_s,
+            public_key=cfg.run_public_key,
         )
         loop.start()  # raises UnsupportedModelError for quantized / MoE models
         app = create_app(
@@ -340,8 +342,10 @@ def main() -> None:
             cfg.vllm_url,
             cfg.control_token,
             cfg.require_synced,
+            timeout_s=cfg.upstream_timeout_s,
             api_key=cfg.api_key,
             max_body_bytes=cfg.max_body_bytes,
+            limits=cfg.limits,
         )
         server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="info"))
 

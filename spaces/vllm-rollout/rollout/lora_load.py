@@ -31,6 +31,7 @@ from deltasync.adapter import write_peft_folder
 from deltasync.manifest import AdapterInfo
 
 from .lora import AdapterRoutes, AdapterTarget
+from .staging import private_stage_dir
 
 log = logging.getLogger("rollout.lora")
 
@@ -78,7 +79,7 @@ class AdapterLoader:
         for name in stale:
             self.engine.unload_lora(name)
         _remove(self.folder)  # nothing loaded reads it any more
-        os.makedirs(self.folder, exist_ok=True)
+        private_stage_dir(self.folder)  # under the staging folder, as private as it
         if stale:
             log.warning("unloaded adapters a previous sync loop left in vLLM: %s", stale)
         return stale

@@ -18,6 +18,10 @@ not forwarded (vLLM's three routes take none).
   with or without ``Content-Length``, after reading at most that many bytes. While the replica
   has no verified bucket version yet (``require_synced``) or is paused for a recovery, answered
   503. ``/v1/models`` reports each model's ``root`` as its served name, not vLLM's local path.
+  Generation requests are capped per client (``rollout.limits``): in flight
+  (``MAX_CONCURRENT_REQUESTS``, 429 beyond), ``n`` (``MAX_N``) and ``max_tokens`` /
+  ``max_completion_tokens`` (``MAX_TOKENS``, 400 beyond); the upstream timeout is
+  ``UPSTREAM_TIMEOUT_S``.
   On a LoRA replica it lists the stable ``ADAPTER_NAME`` (``parent``: the base model), not the
   versioned names behind it (``rollout.lora.public_cards``).
   Every answer carries ``X-Deltasync-Version``: the oldest bucket version that generated it.
@@ -50,6 +54,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from .limits import GENERATION_ROUTES, ConcurrencyGate, GenerationLimits, check_body, client_address
 from .lora import AdapterRoutes, Lease, public_cards, route_body
 from .sync_loop import SyncLoop
 
@@ -268,6 +273,33 @@ def _releaser(routes: AdapterRoutes | None, lease: Lease | None) -> Callable[[],
     return release
 
 
+def _no_slot() -> None:
+    """The slot of a request that holds none (``/v1/models``)."""
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            first()
+        finally:
+            second()
+
+    return both
+
+
+def _closer(r: httpx.Response, release: Callable[[], None]):
+    """Closes the upstream answer and runs ``release`` (idempotent) after a streamed reply, also
+    when its body was never iterated."""
+
+    async def close() -> None:
+        try:
+            await r.aclose()
+        finally:
+            release()
+
+    return close
+
+
 async def _relay(r: httpx.Response, release: Callable[[], None]):
     """The upstream body, chunk by chunk; ``release`` runs when it ends or is abandoned."""
     try:
@@ -282,11 +314,12 @@ def create_app(
     vllm_url: str,
     control_token: str | None,
     require_synced: bool = True,
-    timeout_s: float = 3600.0,
+    timeout_s: float = 600.0,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     health_timeout_s: float = 5.0,
     busy_grace_s: float = 120.0,
+    limits: GenerationLimits | None = None,
 ) -> FastAPI:
     """Build the front app (wrapped in ``PathGuard``).
 
@@ -295,7 +328,7 @@ def create_app(
         vllm_url: ``http://127.0.0.1:<port>`` of the internal vLLM server.
         control_token: bearer token of ``/control/*`` (None: refused).
         require_synced: 503 on ``/v1/*`` until a bucket version is applied.
-        timeout_s: upstream timeout of proxied requests, seconds.
+        timeout_s: upstream timeout of proxied requests, seconds (``UPSTREAM_TIMEOUT_S``).
         api_key: bearer token the ``/v1`` routes require (None or empty: open, the local default).
         max_body_bytes: largest request body forwarded, bytes; larger ones get 413.
         health_timeout_s: seconds ``/health`` waits for vLLM's own ``/health`` (on a client of
@@ -303,6 +336,8 @@ def create_app(
         busy_grace_s: a vLLM ``/health`` that times out while vLLM answered a proxied request
             within this many seconds is a busy engine, not a dead one: ``/health`` answers 200
             with ``"busy": true`` (a refused connection is always ``engine-down``).
+        limits: the per-client caps of generation requests (``rollout.limits``); None: the
+            defaults.
 
     Raises:
         ValueError: ``max_body_bytes`` is not positive.
@@ -310,6 +345,8 @@ def create_app(
     if max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be > 0, found {max_body_bytes}")
     client: dict[str, httpx.AsyncClient] = {}
+    limits = limits or GenerationLimits()
+    gate = ConcurrencyGate(limits.max_concurrent)
 
     answered = {"at": None}  # monotonic time vLLM last answered a proxied request
 
@@ -392,6 +429,35 @@ def create_app(
                 status_code=413,
                 headers={"Connection": "close"},
             )
+        leave = _no_slot
+        if route in GENERATION_ROUTES:
+            too_big = check_body(body, limits)
+            if too_big is not None:
+                return JSONResponse(too_big, status_code=400)
+            who = (
+                "api-key"
+                if api_key
+                else client_address(
+                    request.headers,
+                    request.client.host if request.client else None,
+                    limits.forwarded_hops,
+                )
+            )
+            slot = gate.enter(who)
+            if slot is None:
+                return JSONResponse(gate.refusal(), status_code=429, headers={"Retry-After": "1"})
+            leave = slot
+        try:
+            return await _forward(route, request, body, leave)
+        except BaseException:
+            leave()
+            raise
+
+    async def _forward(
+        route: str, request: Request, body: bytes, leave: Callable[[], None]
+    ) -> Response:
+        """Send the checked request upstream and relay the answer; ``leave`` ends its
+        concurrency slot once the answer is relayed (or none came)."""
         headers = {
             k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST_HEADERS
         }
@@ -399,6 +465,7 @@ def create_app(
         if routes is not None and route != "/v1/models":
             routed = route_body(body, routes)
             if routed.waiting:
+                leave()
                 return JSONResponse(
                     {"error": f"no version of adapter {routes.name!r} is loaded yet; retry"},
                     status_code=503,
@@ -406,6 +473,7 @@ def create_app(
                 )
             body, release = routed.body, _releaser(routes, routed.lease)
             served = routed.lease.version if routed.lease else None
+        release = _both(release, leave)
         r = None
         try:
             # The URL is the allow-list constant `route`; nothing of the request's path or query.
@@ -429,9 +497,11 @@ def create_app(
             for name in ("content-length", "content-encoding"):  # aread() decoded the body
                 out_headers.pop(name, None)
             return Response(data, r.status_code, out_headers)
-        stream = r.aiter_raw() if routes is None else _relay(r, release)
         return StreamingResponse(
-            stream, r.status_code, out_headers, background=BackgroundTask(r.aclose)
+            _relay(r, release),
+            r.status_code,
+            out_headers,
+            background=BackgroundTask(_closer(r, release)),
         )
 
     async def _send_upstream(method: str, route: str, headers: dict, body: bytes):

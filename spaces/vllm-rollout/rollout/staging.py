@@ -13,6 +13,13 @@ Metadata (str -> str): ``format`` = ``deltasync-stage/1``, ``kind``, ``version``
 {name: shape}), ``refresh_lm_head`` ("0"/"1") and, for ``sparse``, ``sum_deltas`` (JSON {vLLM
 parameter: expected change of its int16 bit sum}).
 
+The folder is private (:func:`private_stage_dir`): the worker applies whatever file the path
+names, so a folder another local user could write (a predictable ``/dev/shm`` name they created
+first, or one open to group/other) could swap staged weights. It is created mode 0700, an
+existing one must be this user's and closed to others' writes (else :class:`StageDirError`; one
+they may only read is made 0700), and each
+file is created exclusively, mode 0600, before it is written and renamed into place.
+
 Which kind a pull becomes (:func:`stage_pull`): on the in-place path a delta pull onto a served
 version becomes its merged sparse patches, with the expected change of every vLLM parameter's bit
 sum; otherwise (the reload path, an anchor, nothing served yet, or a new value that is a NaN:
@@ -24,6 +31,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,6 +48,53 @@ if TYPE_CHECKING:
 
 FORMAT = "deltasync-stage/1"
 IDX, VAL = "::idx", "::val"
+
+
+class StageDirError(RuntimeError):
+    """The staging folder is not private to this user (another owner, group/other access, or
+    not a folder); the message says what was expected, what was found and how to fix it."""
+
+
+def private_stage_dir(path: str) -> str:
+    """Make ``path`` (and any missing parent) with mode 0700, or check the existing one: a real
+    folder (not a symlink), owned by this user, that no group or other may write; one that
+    others may only read (0755, as older replicas made it) is made 0700. Returns ``path``.
+
+    Raises:
+        StageDirError: it exists and is not that; the message names the owner and mode found and
+            the fix (remove it, ``chmod 700`` it, or set ``STAGE_DIR`` to a folder of your own).
+    """
+    path = os.path.abspath(path)
+    missing = []
+    p = path
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:  # made meanwhile: checked below like any existing one
+            pass
+    st = os.lstat(path)
+    uid = os.getuid()
+    problem = None
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+        problem = f"found {kind}"
+    elif st.st_uid != uid:
+        problem = f"found it owned by uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):04o})"
+    elif stat.S_IMODE(st.st_mode) & 0o022:
+        problem = f"found mode {stat.S_IMODE(st.st_mode):04o} (group/other may write it)"
+    elif stat.S_IMODE(st.st_mode) & 0o077:  # ours and only readable by others (an older
+        os.chmod(path, 0o700)  # replica made it 0755): no one else can have written there
+    if problem is not None:
+        raise StageDirError(
+            f"staging folder {path}: expected a folder owned by uid {uid} with mode 0700 (the "
+            f"vLLM worker applies the weights staged there), {problem}. Fix: remove it (it "
+            f"holds only staged files) or `chmod 700` it if it is yours, or set STAGE_DIR to a "
+            "folder of your own"
+        )
+    return path
 
 
 def _spec(dtype: str, a: np.ndarray) -> TensorSpec:
@@ -98,11 +154,17 @@ def write_stage(
     }
     if sum_deltas is not None:
         meta["sum_deltas"] = json.dumps(sum_deltas, separators=(",", ":"))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    serialize_file(specs, tmp, metadata=meta)
-    del keep  # the buffers behind data_ptr had to stay alive until here
-    os.replace(tmp, path)
+    folder = private_stage_dir(os.path.dirname(os.path.abspath(path)))
+    # created here, O_EXCL and 0600, then filled: no one else's file is ever written or renamed
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".tmp-")
+    os.close(fd)
+    try:
+        serialize_file(specs, tmp, metadata=meta)
+        del keep  # the buffers behind data_ptr had to stay alive until here
+        os.replace(tmp, path)
+    except BaseException:
+        unlink_stage(tmp)
+        raise
     return os.path.getsize(path)
 
 

@@ -95,6 +95,10 @@ class SyncLoop:
             when the manifest changes (``deltasync.hub_events``); False: poll only.
         check_interval_s: seconds between full-weights checks of what vLLM serves
             (:meth:`check_served`; no pause); 0: never on a schedule (still after a recovery).
+        public_key: the run's public key (``RUN_PUBLIC_KEY``): only versions whose manifest it
+            signed and whose payload bytes hash to the signed SHA-256 are served; an unsigned,
+            foreign-key or tampered version is refused (status ``error``, ``last_error`` says
+            why) and the served version stays. None: unsigned runs are served.
 
     Raises (from ``start``/``connect``):
         rollout.apply_plan.UnsupportedModelError: the served model cannot take exact bf16 updates
@@ -121,6 +125,7 @@ class SyncLoop:
         sync_every: int = 1,
         follow_events: bool = True,
         check_interval_s: float = 0.0,
+        public_key: str | None = None,
     ):
         self.follow_events = follow_events
         self.clock = clock
@@ -128,7 +133,7 @@ class SyncLoop:
         self._checked_at = clock()
         self.checks: list[dict] = []  # the last full-weights checks (check_served's results)
         self.follower = Follower(
-            CheckedSubscriber(bucket, adapter),
+            CheckedSubscriber(bucket, adapter, public_key=public_key),
             poll_interval_s=poll_interval_s,
             max_poll_interval_s=max_poll_interval_s,
             error_poll_interval_s=error_poll_interval_s,

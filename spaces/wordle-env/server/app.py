@@ -2,10 +2,11 @@
 
 Routes all come from openenv: ``/ws`` (stateful sessions, what clients use), ``/reset``,
 ``/step``, ``/state`` (stateless HTTP), ``/health``, ``/schema``, ``/metadata``, and the
-Gradio playground at ``/web`` when ``WORDLE_ENABLE_WEB`` is on. We add two things around
-them: ``MessageGuard`` (size caps, idle expiry, MCP off unless ``WORDLE_ENABLE_MCP``, a cap
-on the web UI's ``/ws/ui``) and an exception handler that turns bad ``reset`` options into
-HTTP 422.
+Gradio playground at ``/web`` when ``WORDLE_ENABLE_WEB`` is on. We add three things around
+them: ``AccessGuard`` (outermost: the key ``WORDLE_API_KEY`` on every route but ``/health``,
+and at most ``WORDLE_MAX_SESSIONS_PER_CLIENT`` sessions per client), ``MessageGuard`` (size
+caps, idle expiry, MCP off unless ``WORDLE_ENABLE_MCP``, a cap on the web UI's ``/ws/ui``) and
+an exception handler that turns bad ``reset`` options into HTTP 422.
 
 Run: ``python -m server.app`` from ``spaces/wordle-env`` (settings: ``server/config.py``).
 """
@@ -23,6 +24,7 @@ from openenv.core.env_server.types import ConcurrencyConfig
 
 from wordle_env.models import WordleAction, WordleObservation, WordleState
 
+from .access_guard import AccessGuard
 from .config import WordleServerConfig, load_config
 from .message_guard import MessageGuard
 from .wordle_environment import WordleEnvironment, WordleResetError
@@ -74,6 +76,13 @@ def build_app(config: WordleServerConfig) -> FastAPI:
         ws_paths=("/ws", "/mcp") if config.mcp else ("/ws",),
         mcp_enabled=config.mcp,
         max_ui_connections=config.max_ui_connections,
+    )
+    app.add_middleware(  # added last, so outermost: a request without the key reaches nothing
+        AccessGuard,
+        api_key=config.api_key,
+        max_sessions_per_client=config.max_sessions_per_client,
+        forwarded_hops=config.forwarded_hops,
+        session_paths=("/ws", "/mcp") if config.mcp else ("/ws",),
     )
     return app
 

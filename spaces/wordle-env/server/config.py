@@ -1,23 +1,28 @@
 """Configuration of the Wordle Space: every environment variable it reads, read here only.
 
-| variable                       | field                 | default   |
-|--------------------------------|-----------------------|-----------|
-| ``WORDLE_MAX_SESSIONS``        | ``max_sessions``      | 256       |
-| ``WORDLE_IDLE_TIMEOUT_S``      | ``idle_timeout_s``    | 600       |
-| ``WORDLE_MAX_MESSAGE_BYTES``   | ``max_message_bytes`` | 65536     |
-| ``WORDLE_HOST``                | ``host``              | 0.0.0.0   |
-| ``PORT``                       | ``port``              | 7860      |
-| ``WORDLE_ENABLE_WEB``          | ``web_interface``     | false     |
-| ``WORDLE_ENABLE_MCP``          | ``mcp``               | false     |
-| ``WORDLE_MAX_UI_CONNECTIONS``  | ``max_ui_connections``| 8         |
-| ``WORDLE_WS_COMPRESSION``      | ``ws_compression``    | false     |
-| ``WORDLE_LOG_LEVEL``           | ``log_level``         | info      |
+| variable                           | field                       | default |
+|------------------------------------|-----------------------------|---------|
+| ``WORDLE_MAX_SESSIONS``            | ``max_sessions``            | 256     |
+| ``WORDLE_IDLE_TIMEOUT_S``          | ``idle_timeout_s``          | 600     |
+| ``WORDLE_MAX_MESSAGE_BYTES``       | ``max_message_bytes``       | 65536   |
+| ``WORDLE_HOST``                    | ``host``                    | 0.0.0.0 |
+| ``PORT``                           | ``port``                    | 7860    |
+| ``WORDLE_ENABLE_WEB``              | ``web_interface``           | false   |
+| ``WORDLE_ENABLE_MCP``              | ``mcp``                     | false   |
+| ``WORDLE_MAX_UI_CONNECTIONS``      | ``max_ui_connections``      | 8       |
+| ``WORDLE_WS_COMPRESSION``          | ``ws_compression``          | false   |
+| ``WORDLE_LOG_LEVEL``               | ``log_level``               | info    |
+| ``WORDLE_API_KEY``                 | ``api_key``                 | (none)  |
+| ``WORDLE_MAX_SESSIONS_PER_CLIENT`` | ``max_sessions_per_client`` | 128     |
+| ``WORDLE_FORWARDED_HOPS``          | ``forwarded_hops``          | 1       |
 
 ``PORT`` is the name Hugging Face Spaces and most hosts use. ``WORDLE_ENABLE_WEB`` turns on
 openenv's Gradio UI at ``/web`` (one game shared by every visitor, so it is off by
 default); openenv's own switch ``ENABLE_WEB_INTERFACE`` is read when
 ``WORDLE_ENABLE_WEB`` is not set. ``WORDLE_ENABLE_MCP`` turns on openenv's MCP routes
-(``/mcp``), which Wordle does not use.
+(``/mcp``), which Wordle does not use. ``WORDLE_API_KEY`` (a public Space's secret, set by
+``tools/deploy_spaces.py --public``) makes every route but ``/health`` need ``Authorization: Bearer <key>``
+(``server/access_guard.py``); it is never printed.
 """
 
 from __future__ import annotations
@@ -35,12 +40,17 @@ class ConfigError(ValueError):
     """An environment variable has a value the server cannot use."""
 
 
-def _env(names: str | tuple[str, ...], default, within=None, choices=None):
+def _env(names: str | tuple[str, ...], default, within=None, choices=None, secret=False):
     """A setting read from the variable ``names`` (a tuple: the first that is set, later names
     are fallbacks), ``default`` when none is; numbers must lie ``within`` (low, high), strings
-    with ``choices`` are one of them (lower-cased)."""
+    with ``choices`` are one of them (lower-cased); a ``secret`` is left out of ``repr`` (the
+    server prints its config at start-up)."""
     names = (names,) if isinstance(names, str) else names
-    return field(default=default, metadata={"env": names, "within": within, "choices": choices})
+    return field(
+        default=default,
+        repr=not secret,
+        metadata={"env": names, "within": within, "choices": choices},
+    )
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,21 @@ class WordleServerConfig:
         ws_compression: offer permessage-deflate on WebSockets. Off by default: observations
             are a few KB and CPU, not bandwidth, is what limits a 2-vCPU Space.
         log_level: uvicorn log level.
+        api_key: when set (not blank), every route but ``/health`` needs ``Authorization:
+            Bearer <api_key>``, on HTTP and on the WebSocket handshake (refused with 401
+            before the handshake is accepted). Empty: no key (a private Space, where the Hub
+            checks the HF token, or a local server). Never printed (``repr``).
+        max_sessions_per_client: concurrent ``/ws`` sessions of one client; the next
+            handshake is refused with 429 naming this cap. The client is the key when
+            ``api_key`` is set (every holder of the key shares this budget), else the
+            client's address (``forwarded_hops``). The default 128 keeps the trainer working:
+            its GRPO episodes in flight (``per_device_train_batch_size``, 64 by default) plus
+            its held-out games at once (``--eval-per-replica`` 16 x up to 4 replicas = 64),
+            and leaves half of ``max_sessions`` to everyone else.
+        forwarded_hops: trusted proxies in front of the server: the client's address is the
+            N-th entry from the right of ``X-Forwarded-For`` (1, the default: the Hub's
+            proxy of a Space); 0 ignores the header and uses the TCP peer (a server reached
+            directly, where a client could forge the header).
     """
 
     max_sessions: int = _env("WORDLE_MAX_SESSIONS", 256, within=(1, 100_000))
@@ -78,6 +103,9 @@ class WordleServerConfig:
     max_ui_connections: int = _env("WORDLE_MAX_UI_CONNECTIONS", 8, within=(1, 10_000))
     ws_compression: bool = _env("WORDLE_WS_COMPRESSION", False)
     log_level: str = _env("WORDLE_LOG_LEVEL", "info", choices=_LOG_LEVELS)
+    api_key: str = _env("WORDLE_API_KEY", "", secret=True)
+    max_sessions_per_client: int = _env("WORDLE_MAX_SESSIONS_PER_CLIENT", 128, within=(1, 100_000))
+    forwarded_hops: int = _env("WORDLE_FORWARDED_HOPS", 1, within=(0, 16))
 
     @property
     def ws_hard_limit_bytes(self) -> int:

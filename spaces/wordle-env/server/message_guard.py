@@ -115,6 +115,42 @@ def _client(scope: Scope) -> str:
     return f"{client[0]}:{client[1]}" if client else "(unknown)"
 
 
+async def refuse(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    status: int,
+    content: dict[str, Any],
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """Answer an HTTP request or a WebSocket handshake with ``status`` and the JSON ``content``
+    (its ``detail`` says why), without calling the app. A handshake is refused before it is
+    accepted, with that HTTP status where the server supports it (uvicorn does), else closed
+    with 1008 (policy violation) and the detail as the reason."""
+    body = json.dumps(content).encode()
+    start = {
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *headers,
+        ],
+    }
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", **start})
+        await send({"type": "http.response.body", "body": body})
+        return
+    first = await receive()  # websocket.connect (or a disconnect: nothing to answer)
+    if first["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        await send({"type": "websocket.http.response.start", **start})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        reason = str(content.get("detail", ""))[:120]
+        await send({"type": "websocket.close", "code": 1008, "reason": reason})
+
+
 def error_frame(code: str, message: str) -> str:
     """An error frame as openenv writes them (its clients raise on ``type == "error"``)."""
     return json.dumps({"type": "error", "data": {"message": message, "code": code}})
@@ -212,28 +248,7 @@ class MessageGuard:
     async def _refuse(
         self, scope: Scope, receive: Receive, send: Send, status: int, message: str
     ) -> None:
-        """Answer ``status`` with ``{"detail": message}``; a WebSocket handshake is refused
-        with that HTTP status where the server supports it (uvicorn does), else with 403."""
-        body = json.dumps({"detail": message}).encode()
-        start = {
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-        if scope["type"] == "http":
-            await send({"type": "http.response.start", **start})
-            await send({"type": "http.response.body", "body": body})
-            return
-        first = await receive()  # websocket.connect (or a disconnect: nothing to answer)
-        if first["type"] != "websocket.connect":
-            return
-        if "websocket.http.response" in (scope.get("extensions") or {}):
-            await send({"type": "websocket.http.response.start", **start})
-            await send({"type": "websocket.http.response.body", "body": body})
-        else:
-            await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+        await refuse(scope, receive, send, status, {"detail": message})
 
     # -- HTTP --------------------------------------------------------------------------------
 
