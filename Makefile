@@ -41,7 +41,7 @@ install = { [ -n "$(strip $(UV_OUT))" ] && [ -x $(VENV)/bin/uv ] && \
 TEST_WORKERS ?= 2
 PYTEST_DIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: setup model test test-fast test-gpu lint format bench bench-smoke train eval e2e dashboard spaces spaces-down hub journey clean
+.PHONY: setup model test test-fast test-gpu lint format bench bench-smoke train eval e2e dashboard spaces spaces-down hub journey cost clean
 
 setup: $(STAMP)
 
@@ -171,6 +171,15 @@ hub: setup
 # make spaces-down, offline through a local Hub (tools/journey.py); figures in runs/journey/journey.json
 journey: setup
 	$(PY) -m tools.journey $(JOURNEY_ARGS)
+
+# make cost MODEL=<folder|smollm2-135m|qwen3-0.6b|qwen3-1.7b|qwen3-8b> [STEP_S=1] [REPLICAS=1] [HOURS=1]
+# a run's cost before it starts (tools/cost.py): versions and bytes, bucket storage, Hub requests per
+# 5 min against the rate limit (and the weight_sync_steps that fits), the Spaces' price; COST_ARGS="--json"
+# Stdlib and the checkout only: no setup (the venv's python when there is one).
+cost:
+	@test -n "$(MODEL)" || { echo "make cost: give MODEL=<folder> or a shape (smollm2-135m, qwen3-0.6b, qwen3-1.7b, qwen3-8b)"; exit 2; }
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m tools.cost --model "$(MODEL)" \
+	  --step-s "$(or $(STEP_S),1)" --replicas "$(or $(REPLICAS),1)" --hours "$(or $(HOURS),1)" $(COST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache runs bench/results

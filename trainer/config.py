@@ -264,6 +264,8 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "diff_on": ("publish", "diff_on", None),
     "takeover": ("publish", "takeover", None),
     "new_run": ("publish", "new_run", None),
+    "adaptive_cadence": ("publish", "adaptive_cadence", None),
+    "hub_plan": ("publish", "hub_plan", None),
     "warm_start_games": ("warm_start", "games", None),
     "warm_start_epochs": ("warm_start", "epochs", None),
     "model_hidden_size": ("warm_start", "hidden_size", None),

@@ -5,12 +5,15 @@ section from here and is handed only that.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 
 from trainer.task.base import env_headers, space_headers
 from trainer.trust import TrustedUrls
+
+log = logging.getLogger("trainer")
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen3-0.6B"
 OFF_POLICY_MODES = ("off", "tis", "decoupled")  # ``trainer.loop.off_policy``
@@ -401,9 +404,9 @@ class EvalSettings:
             for GPU replicas (vLLM batches up to its ``max_num_seqs``).
 
     Raises:
-        EvalConfigError: ``draws`` below 1 (``__post_init__``); ``episodes`` or
-            ``curve_episodes`` above the task's held-out seeds (``check_seeds``, once the task is
-            known: a larger evaluation would play episodes trained on).
+        EvalConfigError: ``draws`` or ``per_replica`` below 1 (``__post_init__``). ``episodes``
+            and ``curve_episodes`` above the task's held-out seeds are clamped to them
+            (``check_seeds``, once the task is known).
     """
 
     episodes: int = 512
@@ -426,16 +429,23 @@ class EvalSettings:
             )
 
     def check_seeds(self, seed_count: int) -> None:
-        """Raise :class:`EvalConfigError` when an evaluation asks for more than the task's
-        ``seed_count`` held-out seeds."""
-        for flag, value in (
-            ("eval_episodes", self.episodes),
-            ("eval_curve_episodes", self.curve_episodes),
+        """Clamp ``episodes`` and ``curve_episodes`` to the task's ``seed_count`` held-out seeds
+        (a larger evaluation would play episodes trained on), saying so in the log once each."""
+        for flag, name in (
+            ("eval_episodes", "episodes"),
+            ("eval_curve_episodes", "curve_episodes"),
         ):
+            value = getattr(self, name)
             if value > seed_count:
-                raise EvalConfigError(
-                    f"{flag}={value}: there are {seed_count} held-out evaluation seeds (kept "
-                    f"out of training); set {flag} to {seed_count} or less"
+                setattr(self, name, seed_count)
+                log.warning(
+                    "%s=%d: the task holds %d held-out evaluation seeds (kept out of training); "
+                    "playing %d (set --%s to choose fewer)",
+                    flag,
+                    value,
+                    seed_count,
+                    seed_count,
+                    flag.replace("_", "-"),
                 )
 
 

@@ -12,6 +12,7 @@ children and the trainer log file in reverse order, whether the run finished or 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 
@@ -182,10 +183,16 @@ class RunStack(contextlib.AbstractContextManager):
             log.info(
                 "signing every version; replicas need RUN_PUBLIC_KEY=%s", self.signer.public_key
             )
+        publish = self.cfg.publish
+        if publish.max_publish_every is None:
+            # an adaptive cadence of k syncs leaves samples up to k TRL versions behind: keep k
+            # at half of max_staleness, or TRL would drop them as stale
+            bound = max(1, self.cfg.grpo.max_staleness // 2)
+            publish = dataclasses.replace(publish, max_publish_every=bound)
         return DeltaPublisher(
             self.store,
             run_id=self.cfg.run.run_id,
-            config=self.cfg.publish,
+            config=publish,
             adapter=info,
             signer=self.signer,
         )

@@ -94,6 +94,13 @@ def bucket_summary(store, publisher, replica_version_fn) -> dict:
         "final_version_digest": entries[-1].digest if entries else None,
         "replica_version": rv,
         "replicas": {k: h.model_dump(include=keep) for k, h in beats.items()},
+        # the publisher's cadence (syncs between publishes: min/max/last/changes, 429s waited
+        # out, publishes put off); None where every sync published (no cadence)
+        "publish_cadence": (
+            {**cadence.summary(), "rate_limited": getattr(publisher, "rate_limited", 0)}
+            if (cadence := getattr(publisher, "cadence", None)) is not None
+            else None
+        ),
     }
 
 

@@ -95,7 +95,12 @@ class StoreBucketNotFoundError(StoreAccessError):
 
 class StoreRateLimitError(StoreError):
     """The store kept answering HTTP 429 (rate limited) after its retries, each of which waited
-    the ``Retry-After`` the server asked for."""
+    the ``Retry-After`` the server asked for; ``retry_after_s``: the last wait asked for (capped
+    by the store's ``max_retry_after_s``), None where unknown."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class KeyFileError(DeltaSyncError):

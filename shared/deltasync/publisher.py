@@ -10,6 +10,11 @@ that no longer names them is committed. See docs/PROTOCOL.md.
 
 Per version at most two ``Store.write_many`` batches (2 API requests each on ``hf://``): the payload
 parts plus the retention deletes already due, then ``manifest.json`` plus the lease when due.
+
+On ``hf://`` the trainer calls :meth:`DeltaPublisher.offer` each sync and the publisher publishes
+every k-th (``deltasync.cadence.PublishCadence``: k follows the token's request budget and rises
+on a 429); a 429 that outlasts the store's retries is waited out (its ``Retry-After``), never an
+outage nor an error.
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ from .bucket_writer import (
     read_manifest_at_start,
     remove_orphans,
 )
+from .cadence import PublishCadence
 from .errors import (
     ManifestError,
     ModelMismatchError,
     StoreAccessError,
     StoreError,
     StoreNotFoundError,
+    StoreRateLimitError,
 )
 from .lease import LeaseKeeper
 from .manifest import (
@@ -181,6 +188,8 @@ class DeltaPublisher:
     _outage: PublishOutage | None = None  # its committed/newest are filled in by _outage_view
     _outage_t0 = 0.0  # monotonic s of the outage's first failure
     _reanchor = False  # a version failed: the next one goes as an anchor
+    _limited_t0: float | None = None  # monotonic s of the first 429 not yet followed by a commit
+    rate_limited = 0  # 429s (StoreRateLimitError after the store's retries) waited out
 
     def __init__(
         self,
@@ -237,6 +246,19 @@ class DeltaPublisher:
         self._encoder = ChangeEncoder(self.config.zstd_level, self._pool.map)  # its thread only
         self._diff_pool = ThreadPoolExecutor(self.config.encode_threads, "deltasync-diff")
         self._snap = Snapshot(self.config.diff_on, self._diff_pool.map)
+        adaptive = self.config.adaptive_cadence
+        if adaptive is None:
+            adaptive = self.store.hub is not None or self.store.uri.startswith("hf://")
+        # None: every offer() publishes (a fixed cadence, as before)
+        self.cadence: PublishCadence | None = None
+        if adaptive:
+            self.cadence = PublishCadence(
+                self.store.requests.snapshot,
+                self.config.hub_plan,
+                target_share=self.config.target_share,
+                low_share=0.75 * self.config.target_share,
+                ceiling=self.config.max_publish_every,
+            )
         self._thread = threading.Thread(target=self._run, name="deltasync-publisher", daemon=True)
         self._thread.start()
         self.published: list[VersionEntry] = []  # entries committed by this publisher
@@ -288,6 +310,38 @@ class DeltaPublisher:
             return self._diff(named, version, step, self._snap.diff)
 
         return self._queue(make_job)
+
+    def offer(
+        self, named_tensors: Iterable[tuple[str, Any]], step: int | None = None
+    ) -> int | None:
+        """One sync of the trainer: :meth:`publish` it if the cadence says so (every call where
+        :attr:`cadence` is None), else skip it without reading ``named_tensors``: the next
+        publish diffs against the last published bits, so it carries this sync's changes too.
+
+        Returns:
+            The new version number, or None when this sync was skipped.
+
+        Raises:
+            As :meth:`publish`; also the error that stopped the thread on a skipped sync.
+        """
+        if not self.cadence_due():
+            return None
+        return self.publish(named_tensors, step)
+
+    def cadence_due(self) -> bool:
+        """Count one sync against the cadence; whether it is to be published (always True
+        without a cadence). :meth:`offer` calls it; a caller that must read its tensors lazily
+        calls it and then :meth:`publish` (or skips)."""
+        if self.cadence is None:
+            return True
+        with self._cv:
+            self._raise_error()
+            return self.cadence.due()
+
+    @property
+    def publish_every(self) -> int:
+        """The cadence now: syncs (``offer`` calls) between publishes; 1 without a cadence."""
+        return self.cadence.k if self.cadence is not None else 1
 
     def publish_changes(self, changes: dict[str, codec.TensorChange], step: int | None = None):
         """Queue a version given as its changes against the last version queued.
@@ -481,18 +535,36 @@ class DeltaPublisher:
                     out = self._outage_view()
                     why = f"; the store is failing: {out.describe()}" if out else ""
                     raise TimeoutError(f"versions still not committed after {timeout}s{why}")
-                if self._outage is not None and not self._thread.is_alive():
+                stuck_t0 = self._stuck_t0()
+                if stuck_t0 is not None and not self._thread.is_alive():
                     raise StoreError(self._not_published())  # close() gave up on it
-                if self._outage is not None and outage_wait_s is not None:
-                    out_left = max(t0, self._outage_t0) + outage_wait_s - now
+                if stuck_t0 is not None and outage_wait_s is not None:
+                    out_left = max(t0, stuck_t0) + outage_wait_s - now
                     if out_left <= 0:
                         raise StoreError(self._not_published())
                     left = out_left if left is None else min(left, out_left)
                 self._cv.wait(left)
             self._raise_error()
 
+    def _stuck_t0(self) -> float | None:
+        """Monotonic s since when the store fails (an outage) or rate-limits the publisher; None
+        while it answers (under ``_cv``)."""
+        if self._outage is not None:
+            return self._outage_t0
+        return self._limited_t0
+
     def _not_published(self) -> str:
         out = self._outage_view()
+        if out is None:  # rate limited (HTTP 429), not an outage
+            newest = self._next_version - 1
+            return (
+                f"{self.store.uri}: v{newest} not published: the Hub kept rate-limiting this "
+                f"token (HTTP 429, {self.rate_limited} time(s) after the store's retries). "
+                f"Expected it to answer within DeltaPublisher.close_wait_s="
+                f"{self.close_wait_s:.0f}s. Committed: v{self.latest_committed}. Fix: another "
+                "token for the replicas and the dashboard, a higher --hub-plan if the token has "
+                "one, or a larger --weight-sync-steps"
+            )
         return (
             f"{self.store.uri}: v{out.newest} not published: the store kept failing "
             f"({out.describe()}). Expected it to answer within "
@@ -556,7 +628,7 @@ class DeltaPublisher:
                     if self._pending is None and not self._closed and self.lease.due:
                         refresh = True  # outside the lock: publish() never waits on the store
                         break
-                if self._closed and (self._pending is None or self._outage is not None):
+                if self._closed and (self._pending is None or self._stuck_t0() is not None):
                     return  # all committed; or close() gave up on a failing store
                 if not refresh:
                     job, self._pending = self._take(), None
@@ -607,6 +679,8 @@ class DeltaPublisher:
         newest version pending (as an anchor) and returns the seconds until the next attempt;
         any other error is kept for the trainer and returns None (the thread stops)."""
         what = f"publishing v{job.version}" if job is not None else "renewing the writer lease"
+        if isinstance(exc, StoreRateLimitError):
+            return self._rate_limited(job, exc, what)
         with self._cv:
             self._busy = False
             if not _is_outage(exc):
@@ -621,15 +695,7 @@ class DeltaPublisher:
             failures = self._outage.failures + 1
             error = f"{type(exc).__name__}: {exc}"[:500]
             self._outage = replace(self._outage, failures=failures, last_error=error)
-            if job is not None:
-                self._reanchor = True
-                if self._pending is None:  # it is the newest: kept, to go as an anchor
-                    # (_take turns it into one; no base and no anchor copy here, so that each
-                    # publish() meanwhile folds it in as a delta, without a copy of the model)
-                    base = job.base_version if job.base_version is not None else job.version
-                    self._pending = replace(job, base_version=base, anchor=None)
-                else:  # a newer version waits: it goes as an anchor, this one folded into it
-                    self._pending.coalesced += job.coalesced + 1
+            self._keep_failed(job)
             delay_s = min(self.retry_s[1], self.retry_s[0] * 2 ** (failures - 1))
             view = self._outage_view()
             self._cv.notify_all()
@@ -646,11 +712,55 @@ class DeltaPublisher:
             log.debug("%s failed again (next attempt in %.1fs): %s", what, delay_s, error)
         return delay_s
 
+    def _keep_failed(self, job: _Job | None) -> None:
+        """Keep the failed ``job``'s version pending, to go as an anchor (under ``_cv``)."""
+        if job is None:
+            return
+        self._reanchor = True
+        if self._pending is None:  # it is the newest: kept, to go as an anchor
+            # (_take turns it into one; no base and no anchor copy here, so that each
+            # publish() meanwhile folds it in as a delta, without a copy of the model)
+            base = job.base_version if job.base_version is not None else job.version
+            self._pending = replace(job, base_version=base, anchor=None)
+        else:  # a newer version waits: it goes as an anchor, this one folded into it
+            self._pending.coalesced += job.coalesced + 1
+
+    def _rate_limited(self, job: _Job | None, exc: StoreRateLimitError, what: str) -> float:
+        """A 429 outlasted the store's retries: not an outage nor an error. The version stays
+        pending (as after an outage: the next attempt goes as an anchor, since part of its batch
+        may have landed), the cadence publishes less often, and the next attempt waits the
+        server's ``Retry-After``. Returns that wait (s)."""
+        wait_s = max(exc.retry_after_s or 0.0, self.retry_s[0])
+        with self._cv:
+            self._busy = False
+            first = self._limited_t0 is None
+            if first:
+                self._limited_t0 = time.monotonic()
+            self.rate_limited += 1
+            self._keep_failed(job)
+            k = self.cadence.throttled(wait_s) if self.cadence is not None else None
+            self._cv.notify_all()
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "rate limited (HTTP 429) %s: waiting %.1fs (Retry-After), then publishing%s; "
+            "training goes on",
+            what,
+            wait_s,
+            f" every {k} sync(s)" if k is not None else " again",
+        )
+        return wait_s
+
     def _answered(self, job: _Job | None) -> None:
         """The store took ``job`` (None: a lease renewal): an outage, if one was on, ends."""
         with self._cv:
             if job is not None and job.base_version is None:
                 self._reanchor = False
+            if self._limited_t0 is not None:
+                done = f"v{job.version} committed" if job is not None else "the lease renewed"
+                log.info(
+                    "rate limit over: %s after %.1fs", done, time.monotonic() - self._limited_t0
+                )
+                self._limited_t0 = None
             ended = None
             if self._outage is not None:
                 ended = replace(self._outage_view(), ended_at=time.time())

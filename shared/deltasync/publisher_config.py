@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .cadence import plan_limits
 from .snapshot import DIFF_ON
 
 
@@ -40,10 +41,24 @@ class PublisherConfig:
             (a trainer that died before its first commit, or a run whose manifest is lost),
             deleting those files. Off by default: a manifest that reads as missing may be a
             spurious not-found of a live run, whose history a new run would drop.
+        adaptive_cadence: publish every k-th ``publish``/``offer`` call, k chosen from the
+            token's request budget (``deltasync.cadence.PublishCadence``; ``DeltaPublisher.offer``
+            skips the others, which are then not diffed nor uploaded). None (default): on for
+            ``hf://`` buckets only, the one store here with a request limit; a local folder has
+            none, and there every call publishes as before. True/False: on/off everywhere.
+        hub_plan: the bucket token's Hub plan, whose per-5-minute limit the cadence keeps to:
+            ``free`` (1,000 API + 5,000 resolver requests), ``pro`` (2,500 / 12,000), ``team``
+            (3,000 / 20,000), ``enterprise`` (6,000 / 50,000), or the API requests per 5 minutes
+            as an integer. Figures: the Hub docs' rate limits, docs/SCALE.md.
+        target_share: the share of that limit the publisher aims at (the rest: the trainer's
+            fleet discovery and metrics writes on the same token, and headroom).
+        max_publish_every: the largest k (None: no bound); the trainer sets it to its
+            ``max_staleness``, so that the newest published version's samples stay within it.
 
     Raises (on construction):
-        ValueError: ``anchor_every``, ``keep_anchors`` or ``part_bytes`` below 1, or an unknown
-            ``diff_on``.
+        ValueError: ``anchor_every``, ``keep_anchors`` or ``part_bytes`` below 1, an unknown
+            ``diff_on``, a ``target_share`` outside (0, 1] or a ``max_publish_every`` below 1.
+        HubPlanError: (a ValueError) a ``hub_plan`` that is no plan and no positive integer.
     """
 
     anchor_every: int = 40
@@ -56,9 +71,23 @@ class PublisherConfig:
     takeover: bool = False
     new_run: bool = False
     diff_on: str = "auto"
+    adaptive_cadence: bool | None = None
+    hub_plan: str = "free"
+    target_share: float = 0.8
+    max_publish_every: int | None = None
 
     def __post_init__(self):
         if self.anchor_every < 1 or self.keep_anchors < 1 or self.part_bytes < 1:
             raise ValueError(f"anchor_every, keep_anchors, part_bytes must be >= 1: {self}")
         if self.diff_on not in DIFF_ON:
             raise ValueError(f"diff_on must be one of {DIFF_ON}, found {self.diff_on!r}")
+        plan_limits(self.hub_plan)  # HubPlanError (a ValueError) names the plans and the fix
+        if not 0 < self.target_share <= 1:
+            raise ValueError(
+                f"target_share: expected a share of the limit in (0, 1], found "
+                f"{self.target_share}; fix: e.g. 0.8"
+            )
+        if self.max_publish_every is not None and self.max_publish_every < 1:
+            raise ValueError(
+                f"max_publish_every: expected >= 1 or None, found {self.max_publish_every}"
+            )

@@ -127,6 +127,9 @@ class StepMetrics(_Strict):
     # episodes taken since the previous step that the environment failed (no reward): not in
     # ``games``; None in files written before it was counted
     dropped_episodes: int | None = None
+    # syncs between publishes (the publisher's cadence, ``deltasync.cadence``) at this step; None
+    # in files written before it was recorded
+    publish_every: int | None = None
 
 
 class EvalResult(_Strict):

@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +71,39 @@ def classify_error(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError) or status == 404 or "NotFound" in name:
         return "missing"
     return "transient"
+
+
+# (API, resolver) requests one attempt of a Store operation costs on hf:// (docs/SCALE.md "Hub
+# request budget"); elsewhere the same figures stand for "requests", as if the bucket were the Hub
+REQUEST_COST: dict[str, tuple[int, int]] = {
+    "read": (0, 1),
+    "stat": (0, 1),
+    "download": (0, 1),
+    "list": (1, 0),  # per call (the Hub counts one per page of 1,000 entries)
+    "write": (2, 0),  # batch_bucket_files adding files: the Xet write token + /batch
+    "upload": (2, 0),
+    "delete": (1, 0),
+}
+
+
+class RequestCount:
+    """Requests a :class:`Store` made since it opened, as the Hub counts them (cumulative, every
+    attempt, a 429'd one too; ``REQUEST_COST``); thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.api = 0
+        self.resolver = 0
+
+    def add(self, api: int, resolver: int) -> None:
+        with self._lock:
+            self.api += api
+            self.resolver += resolver
+
+    def snapshot(self) -> tuple[int, int]:
+        """(API, resolver) so far."""
+        with self._lock:
+            return self.api, self.resolver
 
 
 class Store:
@@ -114,6 +148,7 @@ class Store:
         self.sleep = sleep
         self.link = link
         self.hub: HubBucket | None = None
+        self.requests = RequestCount()
         if self.uri.startswith("hf://") and not self.uri.startswith("hf://buckets/"):
             raise ValueError(
                 f"expected hf://buckets/<owner>/<name>[/prefix], found {uri!r}: deltasync "
@@ -146,11 +181,18 @@ class Store:
         None."""
         return self._full(path) if self.is_local and self.link is None else None
 
-    def _call(self, what: str, path: str, fn: Callable[[], T]) -> T:
+    def _call(
+        self, what: str, path: str, fn: Callable[[], T], cost: tuple[int, int] | None = None
+    ) -> T:
+        """``fn()`` with the retries; ``cost``: (API, resolver) requests of one attempt as the
+        Hub counts them (default by ``what``: :data:`REQUEST_COST`), added to :attr:`requests`
+        per attempt, a 429 too."""
         if self.link is not None:
             self.link.request()
+        api, resolver = cost or REQUEST_COST.get(what, (1, 0))
         delay = self.backoff_s
         for attempt in range(1, self.retries + 1):
+            self.requests.add(api, resolver)
             try:
                 return fn()
             except HubThrottled as e:  # 429: wait what the server asks for, then retry
@@ -159,7 +201,8 @@ class Store:
                     raise StoreRateLimitError(
                         f"{what}: {self.uri}/{path} was rate limited (HTTP 429) {attempt} times. "
                         "Expected fewer requests per 5 minutes on this token: slow the replicas "
-                        "(POLL_INTERVAL_S) or the dashboard (REFRESH_S), or use separate tokens"
+                        "(POLL_INTERVAL_S) or the dashboard (REFRESH_S), or use separate tokens",
+                        retry_after_s=wait,
                     ) from e
                 log.warning(
                     "%s %s rate limited (429); waiting %.1fs (retry %d)", what, path, wait, attempt
@@ -296,7 +339,8 @@ class Store:
             if not items and not present:
                 return
             first = items[0][0] if items else present[0]
-            self._call("write", first, lambda: self.hub.put(items, delete=present))
+            cost = (2, 0) if items else (1, 0)  # the Xet write token only when adding files
+            self._call("write", first, lambda: self.hub.put(items, delete=present), cost)
             return
         for path, src in items:
             if isinstance(src, bytes):

@@ -187,8 +187,11 @@ def test_rollout_image_starts_vllm_with_a_command_line_vllm_accepts(image, tmp_p
         deadline, child = time.monotonic() + START_TIMEOUT_S, None
         while child is None and time.monotonic() < deadline and proc.poll() is None:
             for pid in _children(proc.pid):
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = [a.decode() for a in f.read().split(b"\0") if a]
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        argv = [a.decode() for a in f.read().split(b"\0") if a]
+                except OSError:  # a short-lived child ended between the listing and the read
+                    continue
                 if "vllm.entrypoints.openai.api_server" in argv:
                     child = pid
                     with open(f"/proc/{pid}/environ", "rb") as f:

@@ -7,6 +7,7 @@ tool."""
 
 from __future__ import annotations
 
+import logging
 import os
 import typing
 from dataclasses import fields
@@ -185,22 +186,23 @@ def test_an_adapter_run_is_refused_a_rebuilt_generating_policy(env, capsys, flag
     assert from_args(flags).grpo.off_policy_stats == (flags[0] == "--off-policy-stats")
 
 
-def test_an_evaluation_larger_than_the_held_out_set_is_refused():
+def test_an_evaluation_larger_than_the_held_out_set_is_clamped_and_said(caplog):
     """Every evaluation game plays a held-out word: asking for more games than there are held-out
-    seeds fails before anything starts, naming the limit."""
-    from trainer.config import EvalConfigError
+    seeds plays all of them and no more, and the log names the limit and the flag."""
     from trainer.task.wordle_task import EVAL_SEED_COUNT, eval_seeds, held_out_targets
     from wordle_env import wordlists
 
     cfg = TrainConfig()
     played = {wordlists.target_for_seed(s) for s in eval_seeds(count=cfg.eval.episodes)}
     assert played <= held_out_targets()  # the default evaluation's words are all held out
-    TrainConfig.from_flags(eval_episodes=EVAL_SEED_COUNT)
-    for field in ("eval_episodes", "eval_curve_episodes"):
-        with pytest.raises(
-            EvalConfigError, match=f"{field}={EVAL_SEED_COUNT + 1}.*{EVAL_SEED_COUNT}"
-        ):
-            TrainConfig.from_flags(**{field: EVAL_SEED_COUNT + 1})
+    assert TrainConfig.from_flags(eval_episodes=EVAL_SEED_COUNT).eval.episodes == EVAL_SEED_COUNT
+    for field, attr in (("eval_episodes", "episodes"), ("eval_curve_episodes", "curve_episodes")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="trainer"):
+            cfg = TrainConfig.from_flags(**{field: EVAL_SEED_COUNT + 1})
+        assert getattr(cfg.eval, attr) == EVAL_SEED_COUNT
+        assert f"{field}={EVAL_SEED_COUNT + 1}: the task holds {EVAL_SEED_COUNT}" in caplog.text
+        assert f"--{field.replace('_', '-')}" in caplog.text
 
 
 # The two kinds of CPU, as ``deltasync.cpu_dtype.native_dtype`` reports them.

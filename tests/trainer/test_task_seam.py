@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import logging
 import tokenize
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def test_a_task_needs_an_environment_or_reward_functions():
         Task(name="both", environment_factory=object, reward_funcs=[print], **common)
 
 
-def test_the_command_line_picks_the_task(monkeypatch, capsys):
+def test_the_command_line_picks_the_task(monkeypatch, capsys, caplog):
     from trainer.config import from_args
 
     monkeypatch.setenv("TASK", "letter_task:TASK")
@@ -111,12 +112,13 @@ def test_the_command_line_picks_the_task(monkeypatch, capsys):
     assert "error: --task 'chess': expected one of wordle or 'package.module:NAME'" in " ".join(
         capsys.readouterr().err.split()
     )
-    # more held-out episodes than the task holds (the default 512): refused at once, saying the
-    # task's own count
-    with pytest.raises(SystemExit) as e:
-        from_args([])
-    assert e.value.code == 2
-    assert "eval_episodes=512: there are 64 held-out evaluation seeds" in capsys.readouterr().err
+    # more held-out episodes than the task holds (the defaults 512 and 64): clamped to the task's
+    # own count, and the log says so
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        cfg = from_args([])
+    assert (cfg.eval.episodes, cfg.eval.curve_episodes) == (64, 64)
+    assert "eval_episodes=512: the task holds 64 held-out evaluation seeds" in caplog.text
+    assert "playing 64 (set --eval-episodes to choose fewer)" in caplog.text
 
 
 @pytest.mark.slow

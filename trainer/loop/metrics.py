@@ -256,6 +256,7 @@ class BucketMetricsCallback(TrainerCallback):
             clipped=_num(logs, "clip_ratio/region_mean"),
             tokens_per_s=round(tokens / step_s, 1) if tokens and step_s else None,
             dropped_episodes=games.dropped if games else None,
+            publish_every=getattr(getattr(self.publisher, "cadence", None), "k", None),
         )
         self.metrics.steps = (self.metrics.steps + [m])[-self.keep :]
         self._write(force=False)
