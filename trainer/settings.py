@@ -220,11 +220,18 @@ class Secrets:
         ``trust`` (``trainer.trust``) lets a credential go: ``Bearer <rollout_api_key>``
         when one is configured and ``url`` is one of the run's replicas, else ``Bearer
         <hf_token>`` over ``https`` to a ``*.hf.space`` host the user gave or ``make spaces``
-        deployed for this run (a private Space), else none."""
+        deployed for this run (a private Space), else none. Both where both apply (a keyed
+        replica on a private Space): the HF token then goes as ``X-HF-Authorization``, the header
+        the Hub's Space proxy reads before ``Authorization`` (as gradio_client sends it), and the
+        key as ``Authorization`` for the replica's front."""
         if self.rollout_api_key:
-            if trust.may_send_key(url):
-                return {"Authorization": f"Bearer {self.rollout_api_key}"}
-            return {}
+            if not trust.may_send_key(url):
+                return {}
+            headers = {"Authorization": f"Bearer {self.rollout_api_key}"}
+            hf = space_headers(url, self.hf_token, trust)
+            if hf:
+                headers["X-HF-Authorization"] = hf["Authorization"]
+            return headers
         return space_headers(url, self.hf_token, trust)
 
     def store_options(self, uri: str) -> dict:

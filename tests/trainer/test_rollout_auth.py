@@ -60,6 +60,12 @@ def test_the_hf_token_goes_only_over_https_to_the_runs_own_spaces(trust):
     }
     assert keyed.rollout_headers("https://bob-evil-rollout.hf.space", given) == {}
     assert "hf_secret" not in repr(keyed) and "'k'" not in repr(keyed)
+    # a keyed replica on the run's private Space: the key for its front, the HF token for the
+    # Hub's proxy in the header the proxy reads first
+    assert keyed.rollout_headers(ROLLOUT, trust) == {
+        "Authorization": "Bearer k",
+        "X-HF-Authorization": "Bearer hf_secret",
+    }
 
 
 def test_deployed_space_hosts_follow_the_hubs_naming_and_the_owner(tmp_path):
