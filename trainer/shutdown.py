@@ -6,7 +6,8 @@ The first SIGTERM (or SIGINT) logs one line and unwinds the main thread as Ctrl-
 publisher flushes. Unwinding can wait on work that does not look at signals: a thread pool's
 ``with`` block waits for its games, a forward runs to its end. So a watchdog started by the same
 signal ends the process ``grace_s`` seconds later in any case: the process group of every child
-this process started is killed (``trainer.local.processes.kill_started_children``) and the process
+this process started is killed (``trainer.local.processes.kill_started_children``), and every
+process a library spawned through ``multiprocessing`` (TRL's rollout worker), and the process
 exits with the same code, without running the interpreter's shutdown (which would print the
 threads' tracebacks). A second signal does the same at once; a stop that unwinds before any child
 was stopped in order kills the children left at exit.
@@ -70,6 +71,16 @@ def install(grace_s: float = DEFAULT_GRACE_S) -> threading.Event:
 
 
 def _kill_children() -> None:
+    """SIGKILL the process groups this process started and the processes libraries spawned
+    through ``multiprocessing`` (TRL's rollout worker, the warm start's process): those share
+    this process's group and would outlive it, holding its output pipes."""
+    import multiprocessing
+
     from trainer.local.processes import kill_started_children
 
     kill_started_children()
+    for child in multiprocessing.active_children():
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, TypeError):  # gone, or never started
+            pass

@@ -224,6 +224,12 @@ class HubBucket:
                 ) from e
             raise
 
+    @property
+    def checked(self) -> bool:
+        """Whether :meth:`check` succeeded (until then every call starts with it: one more API
+        request, which ``Store.requests`` counts)."""
+        return self._checked
+
     def check(self) -> None:
         """Check once per HubBucket that the bucket exists and the token may see it
         (``HfApi.bucket_info``, one API request); a later resolver 404 then means a missing file.

@@ -88,7 +88,9 @@ REQUEST_COST: dict[str, tuple[int, int]] = {
 
 class RequestCount:
     """Requests a :class:`Store` made since it opened, as the Hub counts them (cumulative, every
-    attempt, a 429'd one too; ``REQUEST_COST``); thread-safe."""
+    attempt, a 429'd one too; ``REQUEST_COST``, plus on hf:// the bucket check, ``bucket_info``,
+    one API request at the first call); thread-safe. Not counted: Xet CAS traffic (no Hub
+    request) and huggingface_hub's own once-a-day ``/api/agent-harnesses`` fetch."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -192,7 +194,10 @@ class Store:
         api, resolver = cost or REQUEST_COST.get(what, (1, 0))
         delay = self.backoff_s
         for attempt in range(1, self.retries + 1):
-            self.requests.add(api, resolver)
+            # hf://: until the bucket check (``bucket_info``, 1 API) succeeds, every call starts
+            # with it
+            check = 1 if self.hub is not None and not self.hub.checked else 0
+            self.requests.add(api + check, resolver)
             try:
                 return fn()
             except HubThrottled as e:  # 429: wait what the server asks for, then retry

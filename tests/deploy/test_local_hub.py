@@ -199,6 +199,39 @@ def test_the_rate_limit_counts_api_and_resolver_per_token_as_the_hub_does(hub):
         hub.admin("POST", "/admin/settings", {"limits": {"api": 1000, "resolver": 5000}})
 
 
+def test_the_publishers_request_count_agrees_with_the_hubs_count_of_its_token(hub):
+    """``Store.requests`` (what the publish cadence budgets with) equals the Hub's count of the
+    token's API and resolver requests after the start (lease, manifest, orphan listing, the
+    bucket check), after each publish and after the close. Not in either count: Xet CAS traffic
+    (no Hub request). Outside this test, the two can differ by huggingface_hub's own once-a-day
+    ``/api/agent-harnesses`` fetch, and under throttling by the 429s that huggingface_hub's
+    ``http_backoff`` retries inside one ``batch_bucket_files`` or listing call (the Store counts
+    one attempt per call it makes)."""
+    token = hub.new_token("write", name="publisher-count")
+    s = store(hub, token, "run/count")
+    rng = np.random.default_rng(1)
+    bits = {n: rng.integers(0x3C00, 0x3E00, sh, dtype=np.uint16) for n, sh in SHAPES.items()}
+    cfg = PublisherConfig(anchor_every=3, keep_anchors=1)  # retention deletes too
+    pub = DeltaPublisher(s, config=cfg)
+    assert pub.cadence is not None  # on by default on hf://
+
+    def agree(when: str) -> tuple[int, int]:
+        counted = hub.requests(0)["publisher-count"]
+        assert (counted["api"], counted["resolver"]) == s.requests.snapshot(), when
+        return s.requests.snapshot()
+
+    agree("after the start")
+    for step in range(5):
+        for a in bits.values():
+            a.reshape(-1)[rng.choice(a.size, 50, replace=False)] += 1
+        assert pub.offer(bits.items(), step=step) == step  # no evidence yet: every sync
+        pub.flush()
+        agree(f"after v{step}")
+    pub.close()
+    api, resolver = agree("after the close")
+    assert api > 5 * 4 and resolver > 0  # two batches of 2 API requests a version at least
+
+
 def _batch(hub, bucket: str, token: str, ops: list[dict]) -> tuple[int, dict]:
     """A raw ``POST /api/buckets/{bucket}/batch``: (status, JSON answer)."""
     import json

@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import multiprocessing, sys, time
     from concurrent.futures import ThreadPoolExecutor
     sys.path.insert(0, {repo!r})
     from trainer import shutdown
@@ -28,13 +28,17 @@ SCRIPT = textwrap.dedent(
     child = processes._spawn(
         "sleeper", ["-c", "import time; time.sleep(600)"], {repo!r}, {{}}, {logs!r}, 0
     )
+    # a library's own spawned process, as TRL's rollout worker: in this process's group
+    spawned = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,))
+    spawned.start()
+    pids = f"{{child.proc.pid}} {{spawned.pid}}"
     if {early}:  # the stop unwinds at once: nothing stopped the child in order
-        print(child.proc.pid, flush=True)
+        print(pids, flush=True)
         time.sleep(600)
     with ThreadPoolExecutor(2) as pool:  # the with waits for its games, deaf to signals
         games = [pool.submit(time.sleep, 600) for _ in range(2)]
         if not {early}:
-            print(child.proc.pid, flush=True)  # the stop comes while the games run
+            print(pids, flush=True)  # the stop comes while the games run
         [g.result() for g in games]
     """
 )
@@ -68,8 +72,8 @@ def test_sigterm_ends_the_trainer_and_its_children_within_the_grace(tmp_path, ph
         text=True,
         cwd=REPO,
     )
-    child = int(proc.stdout.readline())
-    assert alive(child)
+    children = [int(pid) for pid in proc.stdout.readline().split()]
+    assert all(alive(pid) for pid in children)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
@@ -77,8 +81,8 @@ def test_sigterm_ends_the_trainer_and_its_children_within_the_grace(tmp_path, ph
     assert proc.returncode == 128 + signal.SIGTERM
     assert took < grace + 10, took  # the watchdog, not the games' 600 s
     deadline = time.monotonic() + 10
-    while alive(child) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)  # the kernel reaps the killed group
-    assert not alive(child)
+    assert not any(alive(pid) for pid in children)  # our child's group and the library's
     assert "Traceback" not in err, err
     assert "SIGTERM: stopping" in err

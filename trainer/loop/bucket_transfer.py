@@ -79,9 +79,10 @@ class BucketWeightTransfer:
             commit, as a replica needs it.
         """
         t0 = time.perf_counter()
-        if self.syncs and self.publisher.cadence is not None and not self.publisher.cadence_due():
+        if self.publisher.cadence is not None and not self.publisher.cadence_due():
             # the publisher's cadence (hf:// buckets: the token's request budget) skips this
-            # sync: the next publish carries its changes; TRL's stream is still read through
+            # sync: the next publish carries its changes; TRL's stream is still read through.
+            # The first sync is counted too (the cadence always publishes it)
             for _ in iterator if self.adapter_fn is None else ():
                 pass
             self.syncs += 1

@@ -34,10 +34,12 @@ COLUMNS: dict[str, list[str]] = {
     "sync_phases": "time replica version phase seconds".split(),
     # one row per trainer step; consistent_rate, valid_rate, kl and games: the step's training
     # games (valid_rate: accepted guesses / moves) and TRL's KL; dropped_episodes: the step's
-    # episodes the environment failed (NaN in files written before it was counted)
+    # episodes the environment failed (NaN in files written before it was counted);
+    # publish_every: the publisher's cadence at the step, syncs between publishes (NaN where no
+    # cadence ran, and in files written before it was recorded)
     "training": (
         "step time version reward loss staleness_mean stale_fraction diff_s encode_s upload_s mb "
-        "density consistent_rate valid_rate kl games dropped_episodes"
+        "density consistent_rate valid_rate kl games dropped_episodes publish_every"
     ).split(),
     # reward per step in long form for one plot: series "train" (the trainer's mean reward) and
     # one series per evaluation, "eval <label> ±SE" (three points at its step: mean - SE, mean,
@@ -234,6 +236,7 @@ class FramesFromHistory:
                     s.kl,
                     s.games,
                     s.dropped_episodes,
+                    s.publish_every,
                 )
             )
         return _frame("training", rows)

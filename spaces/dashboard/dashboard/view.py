@@ -161,6 +161,7 @@ class RunView:
         else:
             lines += [f"warning: {w.detail}" for w in self.warnings]
         lines += self._dropped_lines()
+        lines += self._cadence_lines()
         evals = self.frame("evals")
         for r in evals.itertuples():
             rates = "".join(  # the task's shares that this evaluation has
@@ -200,6 +201,18 @@ class RunView:
             f"{int(last['step'])}, {int(dropped['dropped_episodes'].sum())} in "
             f"{len(dropped)} step(s)"
         ]
+
+    def _cadence_lines(self) -> list[str]:
+        """One line while the publisher's cadence (``deltasync.cadence``: the Hub token's request
+        budget) publishes every k > 1 syncs, k as of the last step that recorded it; none
+        otherwise (k = 1, no cadence, or a file written before it was recorded)."""
+        training = self.frame("training")
+        if not len(training) or "publish_every" not in training:
+            return []
+        recorded = training["publish_every"].dropna()
+        if not len(recorded) or int(recorded.iloc[-1]) <= 1:
+            return []
+        return [f"publishing every {int(recorded.iloc[-1])} syncs (Hub budget)"]
 
 
 def _escape(text: str) -> str:
