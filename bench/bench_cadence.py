@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from bench_hub_feed import SHAPES, Dashboard, Replica, _pct, _store
+from bench_hub_feed import SHAPES, Dashboard, Replica, _pct, _store, local_hub
 from report import parse_with_smoke
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,25 +110,16 @@ def run_one(hub, period_s: float, seconds: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--periods", default="1,0.5,0.25", help="sync periods T (s), comma-separated")
+    parser.add_argument(
+        "--periods", default="1,0.5,0.25", help="sync periods T (s), comma-separated"
+    )
     parser.add_argument("--seconds", type=float, default=600.0, help="seconds per period")
     args = parse_with_smoke(parser, dict(periods="1", seconds=8.0))
     logging.basicConfig(level=logging.WARNING)
-    from tools.local_hub.process import HubProcess
-
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        hub = HubProcess(Path(tmp) / "hub").start()
-        try:
-            from huggingface_hub import HfApi
-
-            HfApi(endpoint=hub.url, token=hub.tokens["me-write"]).create_bucket(
-                "me/run", private=True, exist_ok=True
-            )
-            for period in [float(p) for p in args.periods.split(",")]:
-                rows.append((period, run_one(hub, period, args.seconds)))
-        finally:
-            hub.stop(kill=True)
+    with local_hub() as hub:
+        for period in [float(p) for p in args.periods.split(",")]:
+            rows.append((period, run_one(hub, period, args.seconds)))
     print(f"\n{args.seconds:.0f} s per period, local Hub (free tier), requests per 5 minutes\n")
     print(
         "| T (s) | syncs | versions | k last (max) | 429s | publisher API / res | each replica "

@@ -19,6 +19,7 @@ committed) to the component first holding (replica) or showing (dashboard) that 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import tempfile
@@ -154,6 +155,25 @@ def run_one(hub, mode: str, period_s: float, seconds: float) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def local_hub():
+    """A local Hub (free-tier limits on) in a temporary folder, with the private bucket me/run
+    whose sub-folders the configurations use; killed on exit."""
+    from huggingface_hub import HfApi
+
+    from tools.local_hub.process import HubProcess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hub = HubProcess(Path(tmp) / "hub").start()
+        try:
+            HfApi(endpoint=hub.url, token=hub.tokens["me-write"]).create_bucket(
+                "me/run", private=True, exist_ok=True
+            )
+            yield hub
+        finally:
+            hub.stop(kill=True)
+
+
 def _pct(xs: list[float], q: float) -> str:
     return f"{np.percentile(xs, q):.2f}" if xs else "-"
 
@@ -164,25 +184,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=75.0, help="seconds per configuration")
     args = parse_with_smoke(parser, dict(periods="1", seconds=3.0))
     logging.basicConfig(level=logging.WARNING)
-    from huggingface_hub import HfApi
-
-    from tools.local_hub.process import HubProcess
-
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        hub = HubProcess(Path(tmp) / "hub").start()
-        try:
-            HfApi(endpoint=hub.url, token=hub.tokens["me-write"]).create_bucket(
-                "me/run", private=True, exist_ok=True
-            )
-            for period in [float(p) for p in args.periods.split(",")]:
-                for mode in ("polling", "feed"):
-                    t0 = time.monotonic()
-                    r = run_one(hub, mode, period, args.seconds)
-                    print(f"T={period:g}s {mode}: {time.monotonic() - t0:.0f}s", file=sys.stderr)
-                    rows.append((period, mode, r))
-        finally:
-            hub.stop(kill=True)
+    with local_hub() as hub:
+        for period in [float(p) for p in args.periods.split(",")]:
+            for mode in ("polling", "feed"):
+                t0 = time.monotonic()
+                r = run_one(hub, mode, period, args.seconds)
+                print(f"T={period:g}s {mode}: {time.monotonic() - t0:.0f}s", file=sys.stderr)
+                rows.append((period, mode, r))
     print(f"\n{args.seconds:.0f} s per configuration, local Hub, requests scaled to 5 minutes\n")
     print(
         "| T (s) | mode | component | API / 5 min | resolver / 5 min | lag p50 (s) | lag p95 (s) |"

@@ -1,6 +1,8 @@
 """Fixtures of the trainer's tests: the local model's task tokenizer (built once per worker) and
 the real Wordle server (one a module)."""
 
+import uuid
+
 import pytest
 
 
@@ -28,3 +30,11 @@ def wordle_url(tmp_path_factory):
         yield child.url
     finally:
         child.stop()
+
+
+@pytest.fixture(params=["memory", "file"])
+def uri(request, tmp_path):
+    """A bucket for a weight-transfer test: memory:// and a folder."""
+    if request.param == "memory":
+        return f"memory://transfer-{uuid.uuid4().hex[:8]}"
+    return str(tmp_path / "bucket")

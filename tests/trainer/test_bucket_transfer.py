@@ -2,23 +2,13 @@
 real DeltaSubscriber on memory:// and file:// stores: versions advance, replicas follow bit for
 bit, a step with no change publishes an empty delta, and a restart continues the sequence."""
 
-import uuid
-
 import numpy as np
-import pytest
 import torch
 
 from deltasync.bf16 import to_bf16_bits
 from deltasync.publisher import DeltaPublisher
 from deltasync.subscriber import DeltaSubscriber, HeldWeights
 from trainer.loop.bucket_transfer import BucketWeightTransfer
-
-
-@pytest.fixture(params=["memory", "file"])
-def uri(request, tmp_path):
-    if request.param == "memory":
-        return f"memory://transfer-{uuid.uuid4().hex[:8]}"
-    return str(tmp_path / "bucket")
 
 
 def model(seed=0):

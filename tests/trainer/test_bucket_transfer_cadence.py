@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import queue
 import threading
-import uuid
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
-import torch
 
-from deltasync.bf16 import to_bf16_bits
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
 from deltasync.store import Store
@@ -27,34 +23,11 @@ from trainer.loop.bucket_transfer import BucketWeightTransfer
 from trainer.loop.metrics import BucketMetricsCallback
 from trainer.summary import bucket_summary
 
+from .test_bucket_transfer import bits, model, sgd_step
+
 STEP_S = 5.0  # simulated seconds a step: 60 syncs per 5-minute window
 PLAN = "100"  # a token of 100 API requests per 5 minutes: k = 1 would need ~5x that
 CEILING = 4  # the trainer's bound (max_staleness // 2)
-
-
-@pytest.fixture(params=["memory", "file"])
-def uri(request, tmp_path):
-    if request.param == "memory":
-        return f"memory://cadence-transfer-{uuid.uuid4().hex[:8]}"
-    return str(tmp_path / "bucket")
-
-
-def model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-
-
-def sgd_step(m, lr=1e-2):
-    loss = m(torch.randn(8, 16)).pow(2).mean()
-    loss.backward()
-    with torch.no_grad():
-        for p in m.parameters():
-            p -= lr * p.grad
-            p.grad = None
-
-
-def bits(m):
-    return {n: to_bf16_bits(p) for n, p in m.named_parameters()}
 
 
 def streamed(m, timeout_s: float = 10.0):
