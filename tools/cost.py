@@ -97,8 +97,9 @@ SHAPES_JSON = os.path.join("bench", "results", "shapes.json")
 
 # Hub requests per unit, measured (docs/SCALE.md "Hub request budget", docs/BENCHMARKS.md
 # section 13). Per version the trainer makes two batch_bucket_files calls (payload parts with
-# the due retention deletes, then manifest.json), each a Xet write token + /batch.
-TRAINER_API_PER_VERSION = 4
+# the due retention deletes, then manifest.json), each one /batch: the Xet write token is kept
+# while valid (deltasync.hub_store; measured 2.00 a version at the local Hub, was 4).
+TRAINER_API_PER_VERSION = 2
 # resolver per version: the manifest read before each commit, the HEADs of retention deletes;
 # measured 800 per 5 min at a 1 s step (300 versions; section 13)
 TRAINER_RESOLVER_PER_VERSION = 800 / 300
@@ -115,9 +116,9 @@ REPLICA_API = 11
 DASHBOARD_API, DASHBOARD_RESOLVER = 18, 164
 REQUEST_SOURCE = (
     "docs/SCALE.md 'Hub request budget' and docs/BENCHMARKS.md section 13 (huggingface_hub "
-    "2.4.0): trainer 4 API a version (2 batches x Xet token + /batch) + 30 fixed, 2.67 resolver "
+    "2.4.0): trainer 2 API a version (2 batches, the Xet write token kept; 4 before) + 30 fixed, 2.67 resolver "
     "a version + 5 a replica; replica 11 API, resolver = its polls + the delta parts; dashboard "
-    "18 / 164. Measured at a 1 s step: trainer 1,178 API, a replica 589 resolver"
+    "18 / 164. Measured at a 1 s step with a token per batch: trainer 1,178 API, a replica 589 resolver"
 )
 # a replica's GPU holds the weights in at most this share of its memory (the rest: vLLM's KV
 # cache and activations); its host holds a bf16 copy of the weights and stages a new anchor

@@ -1,6 +1,7 @@
 """What the publisher writes to the bucket: a version's anchor and delta parts, written and
 uploaded in ONE ``Store.write_many`` batch (which also carries the retention deletes already
-due), then ``manifest.json`` last, the commit point (with the writer lease when it is due). Every
+due), then ``manifest.json`` last, the commit point (with the writer lease when it is due); on a
+store whose batches are all-or-nothing (``Store.atomic_batches``) all of it in one batch. Every
 payload file name carries the writer's id, so no writer ever overwrites a file another committed.
 Also the start of a writer under its lease: the manifest read it resumes from, and the removal of
 orphans a writer left when it died before its manifest commit.
@@ -14,6 +15,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -100,9 +102,15 @@ class PayloadWriter:
         shapes: dict[str, tuple[int, ...]],
         digests: dict[str, str],
         anchor: dict[str, np.ndarray] | None,
+        commit: Callable[[Payload | None, Payload | None, list, list[str]], None] | None = None,
     ) -> tuple[Payload | None, Payload | None]:
         """Write and upload a version's delta parts (codec ``blobs`` per tensor, None for an
         anchor-only version) and anchor parts (full bf16 bits per tensor, or None).
+
+        ``commit``: None: the parts and the pending deletes go in one ``write_many`` here. Else
+        (a store whose batches are all-or-nothing, ``Store.atomic_batches``) they are not
+        uploaded here: ``commit(delta, anchor, items, deletes)`` is called instead, before the
+        temporary files go, to put them in the manifest's batch.
 
         Returns:
             (delta payload or None, anchor payload or None), with each file's size and xxh3.
@@ -148,7 +156,10 @@ class PayloadWriter:
                 refs = self._pool.map(lambda f: _file_ref(f, self.sha256), files)
                 anchor_payload = Payload(files=list(refs))
             deletes = list(self.pending_deletes)
-            self.store.write_many(items, delete=deletes)
+            if commit is None:
+                self.store.write_many(items, delete=deletes)
+            else:
+                commit(delta, anchor_payload, items, deletes)
             del self.pending_deletes[: len(deletes)]  # kept on failure: orphans for the next writer
         finally:
             for t in tmp:
@@ -315,9 +326,15 @@ def commit_manifest(
     keep_anchors: int,
     adapter: AdapterInfo | None = None,
     signer: RunKey | None = None,
+    items: list | None = None,
+    delete: list[str] | None = None,
 ) -> tuple[Manifest, list[VersionEntry]]:
     """Commit ``entry``: the bucket's manifest with it appended and retention applied, written
     in one batch with the lease when due (the manifest last).
+
+    ``items``, ``delete``: the version's payload files and the deletes already due, put in the
+    same batch before the lease and the manifest: only on a store whose batches are
+    all-or-nothing (``Store.atomic_batches``), where a manifest cannot land without them.
 
     Args:
         mine: the manifest this writer committed last, or the one it resumed from (None for a
@@ -400,8 +417,11 @@ def commit_manifest(
     if signer is not None:
         manifest = sign_manifest(manifest, signer)
     renew = lease.due
-    items = [(WRITER_PATH, lease.record())] if renew else []
-    store.write_many(items + [(MANIFEST_PATH, manifest.to_json())])
+    lease_items = [(WRITER_PATH, lease.record())] if renew else []
+    payload = list(items or [])
+    if (payload or delete) and not store.atomic_batches:
+        raise ValueError(f"{store.uri}: its batches are not all-or-nothing: upload payloads first")
+    store.write_many(payload + lease_items + [(MANIFEST_PATH, manifest.to_json())], delete=delete)
     if renew:
         lease.renewed()
     return manifest, [v for v in versions if v not in kept]

@@ -10,8 +10,8 @@ Everything that changes the bucket or asks the Hub's API goes through huggingfac
 
 How the Hub counts them (per token, per 5-minute window): the resolver GET/HEAD is a resolver
 request; ``bucket_info``, ``list_bucket_tree`` (per page of 1,000), ``batch_bucket_files`` (one
-``/batch`` POST, plus the Xet write token its upload fetches from
-``/api/buckets/<id>/xet-write-token`` when it adds files) are API requests.
+``/batch`` POST) and the Xet write token (``/api/buckets/<id>/xet-write-token``, fetched by the
+HubBucket and kept until near its expiry: see :data:`_TOKEN_REUSE_VERSIONS`) are API requests.
 
 429: every 429 becomes :class:`HubThrottled` with the server's ``Retry-After`` (seconds or an
 HTTP date) or ``RateLimit`` reset, and ``Store`` waits it (bounded by its
@@ -62,6 +62,18 @@ _CONDITIONAL_MAX_BYTES = 4 << 20
 XET_RETRY_MAX_DURATION = "30s"
 XET_RETRY_ENV = "HF_XET_CLIENT_RETRY_MAX_DURATION"
 
+# Xet write-token reuse. ``batch_bucket_files`` has no parameter for a token: each call that
+# adds files lets hf_xet fetch a new one (``GET /api/buckets/<id>/xet-write-token``, one API
+# request) although a token lives an hour on the Hub. hf_xet's public ``new_upload_commit`` takes
+# a token to start with (``endpoint``, ``token``, ``token_expiry_unix_secs``, then no fetch), so
+# a HubBucket fetches one itself, keeps it until :data:`XET_TOKEN_MARGIN_S` before it expires,
+# uploads with it, and hands ``batch_bucket_files`` the uploaded files by Xet hash: the only
+# /batch request then. That last step uses huggingface_hub's private ``_buckets._BucketAddFile``
+# (the object its own upload fills in) and ``utils._xet`` helpers: only on the versions listed
+# here (checked at the first write); on any other, every batch fetches its own token as before.
+_TOKEN_REUSE_VERSIONS = ("2.4.",)
+XET_TOKEN_MARGIN_S = 300  # a kept write token is fetched again this long before it expires
+
 
 def bound_xet_retries() -> None:
     """Set hf_xet's retry budget (:data:`XET_RETRY_MAX_DURATION`) unless the user set one; only
@@ -110,6 +122,11 @@ class HubBucket:
         self.api = HfApi(endpoint=self.endpoint, token=token)
         self._checked = False
         self._lock = threading.Lock()
+        # (API, resolver) requests the Hub counts that this bucket makes on its own (a Xet
+        # write token); Store sets it to its request counter
+        self.count = lambda api, resolver: None
+        self._reuse: bool | None = None  # whether Xet write tokens are reused (first write)
+        self._xet: tuple[str, int, str] | None = None  # kept write token, its expiry, CAS URL
         self._etags: dict[str, tuple[str, bytes]] = {}  # path -> (etag, body) of small files
 
     @classmethod
@@ -358,22 +375,103 @@ class HubBucket:
         return sorted(self._rel(p) for p in found if not key or p.startswith(key + "/"))
 
     # ------------------------------------------------------------------------- writes
+    @property
+    def reuses_write_tokens(self) -> bool:
+        """Whether uploads reuse a kept Xet write token (this huggingface_hub version is one
+        :data:`_TOKEN_REUSE_VERSIONS` names and its internals are there)."""
+        if self._reuse is None:
+            self._reuse = _token_reuse_supported()
+        return self._reuse
+
+    def _write_token(self, path: str) -> tuple[str, int, str]:
+        """(token, expiry unix s, CAS URL): the kept Xet write token, or a new one (one API
+        request, counted) when none is kept or it expires within :data:`XET_TOKEN_MARGIN_S`."""
+        from huggingface_hub.utils import build_hf_headers
+
+        with self._lock:
+            kept = self._xet
+        if kept is not None and kept[1] > time.time() + XET_TOKEN_MARGIN_S:
+            return kept
+        url = f"{self.endpoint}/api/buckets/{self.bucket_id}/xet-write-token"
+        self.count(1, 0)
+        resp = self._send("GET", url, headers=build_hf_headers(token=self.token))
+        if resp.status_code != 200:
+            self._fail(resp, "write", path, write=True)
+        h = resp.headers
+        try:  # the Hub's headers (what huggingface_hub reads), else the JSON hf_xet reads
+            got = (h["x-xet-access-token"], int(h["x-xet-token-expiration"]), h["x-xet-cas-url"])
+        except (KeyError, ValueError):
+            try:
+                body = resp.json()
+                got = (body["accessToken"], int(body["exp"]), body["casUrl"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise HubTransient(f"write {path}: a Xet write token without its fields") from e
+        with self._lock:
+            self._xet = got
+        return got
+
+    def _upload(self, items: list[tuple[str, bytes | str | Path]]) -> list:
+        """Upload ``items`` to Xet storage with the kept write token; the batch's add operations
+        (huggingface_hub's ``_BucketAddFile``, hash and size filled in, as its own upload does)."""
+        from hf_xet import SKIP_SHA256
+        from huggingface_hub._buckets import _BucketAddFile
+        from huggingface_hub.utils import _xet, build_hf_headers
+
+        token, expiry, cas_url = self._write_token(items[0][0])
+        headers = build_hf_headers(token=self.token)
+        ops = [_BucketAddFile(source=src, destination=self._key(p)) for p, src in items]
+        try:
+            with _xet.get_xet_session().new_upload_commit(
+                endpoint=cas_url,
+                token=token,
+                token_expiry_unix_secs=expiry,
+                # only if the token expires during the upload (it is fetched again before)
+                token_refresh_url=f"{self.endpoint}/api/buckets/{self.bucket_id}/xet-write-token",
+                token_refresh_headers=headers,
+                custom_headers=_xet.xet_headers_without_auth(headers),
+            ) as commit:
+                handles = [
+                    commit.start_upload_bytes(op.source, sha256=SKIP_SHA256)
+                    if isinstance(op.source, bytes)
+                    else commit.start_upload_file(str(op.source), sha256=SKIP_SHA256)
+                    for op in ops
+                ]
+            for handle, op in zip(handles, ops, strict=True):
+                result = handle.result()
+                op.xet_hash, op.size = result.xet_info.hash, result.xet_info.file_size
+        except KeyboardInterrupt:
+            _xet.abort_xet_session()
+            raise
+        except Exception as e:
+            if re.search(r"HTTP status client error \((401|403)", str(e)):
+                with self._lock:  # a refused token is not kept: the retry fetches a new one
+                    self._xet = None
+            raise
+        return ops
+
     def put(self, items: list[tuple[str, bytes | str | Path]], delete: list[str] = ()) -> None:
         """Add files and delete others in one ``HfApi.batch_bucket_files`` call (``(path, bytes
-        or a local file)``; the upload to Xet storage happens inside it). Not transactional: on
-        an error some of the operations may be done."""
+        or a local file)``). The upload to Xet storage comes first, with a kept write token
+        (:attr:`reuses_write_tokens`; else inside ``batch_bucket_files``, with a new token each
+        call). Not transactional: on an error some of the operations may be done."""
         if not items:
             self.delete(list(delete))
             return
         self.check()
-        add = [(src if isinstance(src, bytes) else str(src), self._key(p)) for p, src in items]
+        items = [(p, src if isinstance(src, bytes) else Path(src)) for p, src in items]
         keys = [self._key(p) for p in delete] or None
-        self._lib(
-            "write",
-            items[0][0],
-            lambda: self.api.batch_bucket_files(self.bucket_id, add=add, delete=keys),
-            write=True,
-        )
+
+        def batch():
+            if self.reuses_write_tokens:
+                add = self._upload(items)
+            else:
+                self.count(1, 0)  # batch_bucket_files fetches a Xet write token itself
+                add = [
+                    (src if isinstance(src, bytes) else str(src), self._key(p)) for p, src in items
+                ]
+            self.api.batch_bucket_files(self.bucket_id, add=add, delete=keys)
+
+        self._lib("write", items[0][0], batch, write=True)
         with self._lock:
             for p in [p for p, _ in items] + list(delete):
                 self._etags.pop(p, None)
@@ -394,6 +492,22 @@ class HubBucket:
         with self._lock:
             for p in paths:
                 self._etags.pop(p, None)
+
+
+def _token_reuse_supported() -> bool:
+    """Whether this huggingface_hub is one the Xet write-token reuse was written against."""
+    try:
+        import hf_xet
+        import huggingface_hub
+        from huggingface_hub._buckets import _BucketAddFile  # noqa: F401
+        from huggingface_hub.utils import _xet
+    except ImportError:
+        return False
+    return (
+        huggingface_hub.__version__.startswith(_TOKEN_REUSE_VERSIONS)
+        and hasattr(hf_xet, "SKIP_SHA256")
+        and all(hasattr(_xet, n) for n in ("get_xet_session", "xet_headers_without_auth"))
+    )
 
 
 class _Status:

@@ -8,8 +8,10 @@ into the next one (coalesced) instead of queueing without bound. Payload files
 are uploaded before the manifest that names them; retention deletes files only after a manifest
 that no longer names them is committed. See docs/PROTOCOL.md.
 
-Per version at most two ``Store.write_many`` batches (2 API requests each on ``hf://``): the payload
-parts plus the retention deletes already due, then ``manifest.json`` plus the lease when due.
+Per version two ``Store.write_many`` batches (1 API request each on ``hf://``, the Xet write token
+kept): the payload parts plus the retention deletes already due, then ``manifest.json`` plus the
+lease when due; ONE batch with all of it (the manifest last) on a store whose batches are
+all-or-nothing (``Store.atomic_batches``; not a Hugging Face bucket's).
 
 On ``hf://`` the trainer calls :meth:`DeltaPublisher.offer` each sync and the publisher publishes
 every k-th (``deltasync.cadence.PublishCadence``: k follows the token's request budget and rises
@@ -791,28 +793,45 @@ class DeltaPublisher:
         t1 = time.perf_counter()
         changed = {n: ch.n_changed for n, ch in job.changes.items()}
         shapes = self._fingerprint.shapes()
+        done: list[VersionEntry] = []
+
+        def commit(delta, anchor, items=None, deletes=None) -> None:
+            job.timings["write_upload_s"] = time.perf_counter() - t1  # one batch: before the upload
+            entry = VersionEntry(
+                version=job.version,
+                step=job.step,
+                created_at=time.time(),
+                base_version=job.base_version,
+                delta=delta,
+                anchor=anchor,
+                changed=job.changed,
+                total=job.total,
+                digest=model_digest(job.digests),
+                coalesced=job.coalesced,
+                timings_s={k: round(v, 6) for k, v in job.timings.items()},
+            )
+            if self.before_commit is not None:
+                self.before_commit(entry)
+            self._commit_manifest(entry, items, deletes)
+            done.append(entry)
+
+        # an all-or-nothing batch (Store.atomic_batches): payload parts, lease, manifest in one
+        one_batch = commit if self.store.atomic_batches else None
         with self.lease.renewing():  # an upload may outlast the lease; a lost lease raises here
             delta, anchor = self._payloads.write(
-                job.version, job.base_version, blobs, changed, shapes, job.digests, job.anchor
+                job.version,
+                job.base_version,
+                blobs,
+                changed,
+                shapes,
+                job.digests,
+                job.anchor,
+                commit=one_batch,
             )
         job.anchor = None  # free the copy
-        job.timings["write_upload_s"] = time.perf_counter() - t1
-        entry = VersionEntry(
-            version=job.version,
-            step=job.step,
-            created_at=time.time(),
-            base_version=job.base_version,
-            delta=delta,
-            anchor=anchor,
-            changed=job.changed,
-            total=job.total,
-            digest=model_digest(job.digests),
-            coalesced=job.coalesced,
-            timings_s={k: round(v, 6) for k, v in job.timings.items()},
-        )
-        if self.before_commit is not None:
-            self.before_commit(entry)
-        self._commit_manifest(entry)
+        if not done:
+            commit(delta, anchor)
+        entry = done[0]
         if anchor is not None:
             self._anchor_bytes = anchor.bytes
             self._delta_bytes_since_anchor = 0
@@ -839,7 +858,9 @@ class DeltaPublisher:
         )
 
     # ------------------------------------------------------------------------ manifest + lease
-    def _commit_manifest(self, entry: VersionEntry) -> None:
+    def _commit_manifest(
+        self, entry: VersionEntry, items: list | None = None, deletes: list[str] | None = None
+    ) -> None:
         self.manifest, dropped = commit_manifest(
             self.store,
             self.lease,
@@ -849,6 +870,8 @@ class DeltaPublisher:
             self.config.keep_anchors,
             self.adapter,
             self.signer,
+            items,
+            deletes,
         )
         # garbage-collect only after the manifest that drops them is committed: with the next
         # payload batch (no extra request), or on close

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import StoreNotFoundError
 from .store import Store
@@ -96,6 +96,96 @@ class ReplicaHeartbeat(_Strict):
         return cls(**{"replica_id": replica_id, "status": "starting", **none, **fields})
 
 
+class TaskFigure(_Strict):
+    """A figure a task reports of its episodes, declared once by the task
+    (``trainer.task.base.Task.figures``) and written once per run (``TrainerMetrics.figures``):
+    the step line, the summary and the dashboard show the declared figures, in declared order,
+    under their labels.
+
+    A figure whose value is named counts (``{code: n}``, e.g. Wordle's invalid moves by code;
+    ``counts`` set) is recorded as one value per count, ``"<name>/<code>"``; the step line and
+    the dashboard show the other figures.
+    """
+
+    name: str  # the key in StepMetrics.figures / EvalResult.figures, e.g. "win_rate"
+    label: str  # what people read, e.g. "win rate"
+    unit: str = ""  # "share" (0..1, shown as a percentage), "games", ... ("" : a plain number)
+    higher_is_better: bool | None = True  # None: neither (a count, a mean length)
+    steps: bool = True  # measured on each step's training episodes (``Task.step_figures``)
+    evals: bool = True  # measured by the held-out evaluation (``Task.evaluate``)
+    headline: bool = False  # drawn on the dashboard's learning curve and named in its summary
+    counts: bool = False  # the value is named counts {code: n}, recorded as "<name>/<code>"
+
+
+# Wordle's figures, fields of their own in StepMetrics / EvalResult before ``figures`` existed:
+# a file written then is read with these declarations and its fields moved into ``figures``.
+LEGACY_FIGURES = (
+    TaskFigure(name="win_rate", label="win rate", unit="share", steps=False, headline=True),
+    TaskFigure(name="consistent_rate", label="consistent", unit="share", headline=True),
+    TaskFigure(name="valid_guess_rate", label="valid", unit="share", steps=False, headline=True),
+    TaskFigure(name="valid_rate", label="valid", unit="share", evals=False, headline=True),
+    TaskFigure(name="wellformed_rate", label="well-formed calls", unit="share", steps=False),
+    TaskFigure(name="guesses_mean", label="guesses a game", unit="guesses", higher_is_better=None),
+    TaskFigure(
+        name="invalid_rate",
+        label="invalid moves a turn",
+        unit="share",
+        higher_is_better=False,
+        steps=False,
+    ),
+    TaskFigure(
+        name="stopped_early_rate",
+        label="stopped early",
+        unit="share",
+        higher_is_better=False,
+        steps=False,
+    ),
+    TaskFigure(
+        name="invalid_reasons",
+        label="invalid moves",
+        unit="moves",
+        higher_is_better=False,
+        counts=True,
+    ),
+)
+_LEGACY_STEP = ("consistent_rate", "valid_rate", "guesses_mean", "invalid_reasons")
+_LEGACY_EVAL = (
+    "wellformed_rate",
+    "valid_guess_rate",
+    "win_rate",
+    "guesses_mean",
+    "consistent_rate",
+    "invalid_rate",
+    "stopped_early_rate",
+)
+
+
+def flat_figures(values: dict) -> dict[str, float]:
+    """A task's figures as recorded: numbers as they are, named counts ``{code: n}`` as one value
+    per count under ``"<name>/<code>"``, None (not measured) and anything else left out."""
+    out: dict[str, float] = {}
+    for name, v in values.items():
+        if isinstance(v, dict):
+            out.update({f"{name}/{k}": float(n) for k, n in v.items() if _number(n)})
+        elif _number(v):
+            out[name] = float(v)
+    return out
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _legacy_figures(data, fields: tuple[str, ...]):
+    """``data`` with the old Wordle fields (``LEGACY_FIGURES``) moved into ``figures``."""
+    if not isinstance(data, dict) or not any(k in data for k in fields):
+        return data
+    data = dict(data)
+    old = {k: data.pop(k) for k in fields if k in data}
+    data["figures"] = {**flat_figures(old), **(data.get("figures") or {})}
+    return data
+
+
 class StepMetrics(_Strict):
     """Metrics of one trainer step (None where not measured)."""
 
@@ -112,15 +202,10 @@ class StepMetrics(_Strict):
     density: float | None = None
     stale_fraction: float | None = None  # discarded / generated samples so far (TRL's counters)
     turns_mean: float | None = None  # assistant turns per episode (TRL's rollout/turns_mean)
-    # share of the accepted guesses from the 2nd on that could still be the secret word given all
-    # earlier feedback, over the training games taken since the previous step (trainer.task.board)
-    consistent_rate: float | None = None
     games: int | None = None  # training games (episodes) taken since the previous step
-    # of those games: accepted guesses / moves, accepted guesses a game, invalid moves by the
-    # game's code (wrong_length, not_a_word, ...)
-    valid_rate: float | None = None
-    guesses_mean: float | None = None
-    invalid_reasons: dict[str, int] = Field(default_factory=dict)
+    # the task's own figures of those games, by name (``TaskFigure``, declared in
+    # ``TrainerMetrics.figures``); a figure the step did not measure is absent
+    figures: dict[str, float] = Field(default_factory=dict)
     kl: float | None = None  # TRL's kl (trainer policy against the sampling logprobs)
     clipped: float | None = None  # TRL's clip_ratio/region_mean: share of tokens clipped
     tokens_per_s: float | None = None  # forwarded tokens of the step / its seconds
@@ -131,18 +216,20 @@ class StepMetrics(_Strict):
     # in files written before it was recorded
     publish_every: int | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data):
+        return _legacy_figures(data, _LEGACY_STEP)
+
 
 class EvalResult(_Strict):
-    """A fixed set of held-out Wordle games played through a replica (``trainer/task/evaluate.py``).
+    """A fixed set of held-out episodes played through a replica (the task's ``evaluate``).
 
-    Rates are shares of guesses (``wellformed_rate``: assistant turns that are a parseable
-    ``guess`` call; ``valid_guess_rate``: calls the game accepted as a word; ``consistent_rate``:
-    accepted guesses from the 2nd on that could still be the secret word given all earlier
-    feedback), of turns (``invalid_rate``: invalid moves per assistant turn) or of games
-    (``win_rate``; ``stopped_early_rate``: games the model stopped before they were over);
-    ``reward_mean`` / ``reward_se`` are the mean environment reward per game and its standard
-    error (sample std / sqrt(n)). The last three rates are None in files written before they were
-    measured.
+    ``reward_mean`` / ``reward_se`` are the mean environment reward per episode and its standard
+    error (sample std / sqrt(n)); ``figures`` are the task's own figures of the evaluation by
+    name (``TaskFigure``, declared in ``TrainerMetrics.figures``; e.g. Wordle's ``win_rate``).
+    Files written before ``figures`` existed carry Wordle's figures as fields of their own: they
+    are read into ``figures`` (``LEGACY_FIGURES``).
     """
 
     label: str  # "before" (the warm start), "step-<N>" (the learning curve), "after" (final)
@@ -151,15 +238,13 @@ class EvalResult(_Strict):
     episodes: int
     reward_mean: float
     reward_se: float
-    # Wordle's figures (None for a task that has none)
-    wellformed_rate: float | None = None
-    valid_guess_rate: float | None = None
-    win_rate: float | None = None
-    guesses_mean: float | None = None
-    consistent_rate: float | None = None
-    invalid_rate: float | None = None
-    stopped_early_rate: float | None = None
+    figures: dict[str, float] = Field(default_factory=dict)
     time: float = Field(default_factory=time.time)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data):
+        return _legacy_figures(data, _LEGACY_EVAL)
 
 
 class FleetMember(_Strict):
@@ -183,6 +268,16 @@ class TrainerMetrics(_Strict):
     steps: list[StepMetrics] = Field(default_factory=list)
     evals: list[EvalResult] = Field(default_factory=list)
     fleet: list[FleetMember] = Field(default_factory=list)  # at the last write
+    # the task's figures (``TaskFigure``) in the order it declared them; a file written before
+    # they were declared holds Wordle's figures (``LEGACY_FIGURES``)
+    figures: list[TaskFigure] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data):
+        if isinstance(data, dict) and "figures" not in data:
+            data = {**data, "figures": [f.model_dump() for f in LEGACY_FIGURES]}
+        return data
 
 
 def write_heartbeat(store: Store, hb: ReplicaHeartbeat, keep_recent: int = 50) -> None:

@@ -18,9 +18,10 @@ requests (listings, metadata, writes) and *resolver* requests (file downloads by
 URL) separately, per token and 5-minute window. A Store on a bucket reads every file by its
 resolver URL (never a listing + a read), sends ``If-None-Match`` for small files it has read
 before (an unchanged manifest answers 304, no body), checks the bucket once
-(``HfApi.bucket_info``), writes and deletes with ``HfApi.batch_bucket_files`` (two API requests
-per call that adds files: the Xet write token and the batch; :meth:`Store.write_many` puts
-several files in one call), and lists (``HfApi.list_bucket_tree``) only when a caller asks for a
+(``HfApi.bucket_info``), writes and deletes with ``HfApi.batch_bucket_files`` (one API request
+per call, the batch, plus a Xet write token when the kept one is near its expiry, or per call
+that adds files on a huggingface_hub the token reuse does not know; :meth:`Store.write_many`
+puts several files in one call), and lists (``HfApi.list_bucket_tree``) only when a caller asks for a
 listing. Local and ``memory://`` stores are unchanged.
 """
 
@@ -80,8 +81,10 @@ REQUEST_COST: dict[str, tuple[int, int]] = {
     "stat": (0, 1),
     "download": (0, 1),
     "list": (1, 0),  # per call (the Hub counts one per page of 1,000 entries)
-    "write": (2, 0),  # batch_bucket_files adding files: the Xet write token + /batch
-    "upload": (2, 0),
+    # batch_bucket_files: the /batch; on hf:// the HubBucket adds the Xet write token when it
+    # fetches one (kept until near its expiry: about one an hour, else one per call that adds files)
+    "write": (1, 0),
+    "upload": (1, 0),
     "delete": (1, 0),
 }
 
@@ -129,6 +132,17 @@ class Store:
         StoreError: no filesystem for the URI's scheme (the extra is not installed).
     """
 
+    #: Whether one :meth:`write_many` is all-or-nothing for what reads the manifest: a failed
+    #: batch never leaves a later item written without the earlier ones. Then the publisher puts a
+    #: version's payload parts and its manifest in ONE batch (one request on a Hub); else two, the
+    #: manifest after the payloads have landed (docs/PROTOCOL.md). False everywhere by default:
+    #: the Hub's ``/batch`` applies the operations it can and reports the others (huggingface_hub:
+    #: "non-transactional", failures listed in a 200), and so does the local Hub (tools/local_hub:
+    #: only a bad path refuses the whole batch; an unknown Xet hash fails that one operation).
+    #: Local and memory stores write in order and stop at the first failure (an item after a
+    #: failed one is never written), which would do, but they save no Hub request by it.
+    atomic_batches: bool = False
+
     def __init__(
         self,
         uri: str,
@@ -159,6 +173,7 @@ class Store:
         try:
             if self.uri.startswith("hf://buckets/"):
                 self.hub = HubBucket.from_uri(self.uri, **storage_options)
+                self.hub.count = self.requests.add  # the Xet write tokens it fetches
                 self.fs, root = None, self.uri[len("hf://") :]
             else:
                 self.fs, root = fsspec.core.url_to_fs(self.uri, **storage_options)
@@ -308,7 +323,7 @@ class Store:
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write an object whole. Local stores write a temp file and rename it, so readers never
         see half an object; object stores replace it in one PUT (hf://: one
-        ``batch_bucket_files`` call, two API requests: prefer :meth:`write_many` for several).
+        ``batch_bucket_files`` call, one API request: prefer :meth:`write_many` for several).
 
         Raises:
             StoreAuthError, StoreBucketNotFoundError, StoreError: the write failed.
@@ -327,8 +342,8 @@ class Store:
     ) -> None:
         """Write several objects: ``(path, bytes or a local file as a pathlib.Path)``, and delete
         the objects in ``delete`` (ones already gone are ignored). On hf:// one
-        ``batch_bucket_files`` call for all of it (two API requests when it adds files, one when
-        it only deletes; plus a resolver ``HEAD`` per path to delete); elsewhere the writes one by
+        ``batch_bucket_files`` call for all of it (one API request, plus the Xet write token
+        when one is fetched; plus a resolver ``HEAD`` per path to delete); elsewhere the writes one by
         one, then the deletes. Not transactional: after an error some may be done, so a
         reader-visible file that names the others (``manifest.json``) belongs in a later call,
         and a delete belongs in a call after the one that stops naming the file.
@@ -344,8 +359,7 @@ class Store:
             if not items and not present:
                 return
             first = items[0][0] if items else present[0]
-            cost = (2, 0) if items else (1, 0)  # the Xet write token only when adding files
-            self._call("write", first, lambda: self.hub.put(items, delete=present), cost)
+            self._call("write", first, lambda: self.hub.put(items, delete=present))
             return
         for path, src in items:
             if isinstance(src, bytes):

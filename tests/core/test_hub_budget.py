@@ -8,8 +8,9 @@ request. Xet storage itself (file contents) is not the Hub: huggingface_hub's Xe
 (``huggingface_hub.utils._xet.get_xet_session``, the lowest seam it offers) is replaced by a fake
 that keeps the bytes in a dict. The real session (hf_xet, in Rust) fetches the write token from
 the refresh URL ``batch_bucket_files`` gives it, outside huggingface_hub's HTTP client; the fake
-fetches it through the fake Hub once per upload commit, so each ``batch_bucket_files`` call that
-adds files counts 2 API requests (an upper bound if hf_xet reuses tokens across commits).
+fetches it through the fake Hub for an upload commit given no token, as hf_xet does; a
+``HubBucket`` gives it the write token it keeps (``deltasync.hub_store``), so a batch that adds
+files costs 1 API request (the /batch) plus a token fetch about once an hour.
 
 ``test_fleet_budget`` drives the real units on a simulated clock: 1 trainer (``DeltaPublisher``
 + ``metrics/trainer.json`` at most every 30 s, as the trainer's metrics callback writes it on a
@@ -135,20 +136,21 @@ class FakeHub:
 
 
 class FakeXetSession:
-    """Stands in for hf_xet's ``XetSession``: fetches the write token from the refresh URL
-    through huggingface_hub's client (the fake Hub counts it) once per upload commit, and keeps
-    the uploaded bytes in ``hub.cas``."""
+    """Stands in for hf_xet's ``XetSession``: for an upload commit given no token, fetches the
+    write token from the refresh URL through huggingface_hub's client (the fake Hub counts it);
+    keeps the uploaded bytes in ``hub.cas``."""
 
     def __init__(self, hub: FakeHub):
         self.hub = hub
         self.commits = 0
 
-    def new_upload_commit(self, *, token_refresh_url, token_refresh_headers, **_):
+    def new_upload_commit(self, *, token_refresh_url, token_refresh_headers, token=None, **_):
         from huggingface_hub.utils import get_session
 
         self.commits += 1
-        resp = get_session().get(token_refresh_url, headers=token_refresh_headers)
-        assert resp.status_code == 200 and "X-Xet-Access-Token" in resp.headers
+        if token is None:  # hf_xet fetches one only when none is given (a seeded token is used)
+            resp = get_session().get(token_refresh_url, headers=token_refresh_headers)
+            assert resp.status_code == 200 and "X-Xet-Access-Token" in resp.headers
         return _FakeCommit(self.hub)
 
 
@@ -203,8 +205,8 @@ def test_reads_are_resolver_requests_and_unchanged_files_cost_no_body(hub):
     data, tag = store.read_if_changed("manifest.json", None)
     assert data == b"{}" and store.read_if_changed("manifest.json", tag) == (None, tag)
     hub.counts.clear()
-    store.write_bytes("manifest.json", b"{1}")  # batch_bucket_files: a Xet token + /batch
-    assert hub.total("api") == 2 and hub.total("resolver") == 0
+    store.write_bytes("manifest.json", b"{1}")  # the Xet write token is kept: /batch only
+    assert hub.total("api") == 1 and hub.total("resolver") == 0
     assert store.read_if_changed("manifest.json", tag)[0] == b"{1}"
     assert store.ls("") == ["manifest.json"] and store.exists("manifest.json")
     st = store.stat("manifest.json")
@@ -231,7 +233,7 @@ def test_write_many_is_one_batch_and_files_stream_from_disk(hub, tmp_path):
     assert out.read_bytes() == part.read_bytes()
     hub.counts.clear()  # adds and deletes in one batch; a path already gone is skipped
     store.write_many([("b.json", b"1")], delete=["deltas/v1/part-0000.safetensors", "gone"])
-    assert (hub.total("api"), hub.total("resolver")) == (2, 2)  # token + /batch; 2 HEADs
+    assert (hub.total("api"), hub.total("resolver")) == (1, 2)  # /batch (token kept); 2 HEADs
     assert store.ls("") == ["b.json", "metrics/a.json"]
     hub.counts.clear()
     store.write_many([], delete=["b.json"])  # deletes only: no Xet token
@@ -261,12 +263,57 @@ def test_publisher_writes_two_batches_per_version_and_folds_retention_deletes(hu
         # what a committed manifest names is always there (deletes follow the commit)
         assert named <= set(hub.files)
     assert batches == [2] * 7  # payload (+ retention deletes), then manifest (+ lease if due)
+    tokens = sum(n for k, n in hub.routes.items() if k[2] == "xet-write-token")
+    assert tokens == 1  # fetched once (the lease at the start), kept for every batch after
     assert len(pub.manifest.versions) < 7  # retention dropped versions
     pub.close()  # the last pending deletes go with the lease release: one more batch
     m = Manifest.from_json(hub.files[MANIFEST_PATH][0])
     named = {f.path for v in m.versions for p in (v.delta, v.anchor) if p for f in p.files}
     assert {p for p in hub.files if p.startswith(("anchors/", "deltas/"))} == named
     assert WRITER_PATH not in hub.files
+
+
+def test_the_xet_write_token_is_kept_until_near_its_expiry(hub, monkeypatch):
+    from deltasync import hub_store
+
+    store = Store(URI)
+    tokens = lambda: sum(n for k, n in hub.routes.items() if k[2] == "xet-write-token")  # noqa: E731
+    for i in range(3):
+        store.write_bytes(f"a{i}.json", b"1")
+    assert tokens() == 1 and store.requests.api == 1 + 1 + 3  # bucket_info, token, 3 x /batch
+    monkeypatch.setattr(hub_store, "XET_TOKEN_MARGIN_S", 3600)  # the kept one (1 h) is due
+    store.write_bytes("b.json", b"2")
+    assert tokens() == 2 and store.requests.snapshot() == (hub.total("api"), hub.total("resolver"))
+    assert hub.files["b.json"][0] == b"2"
+
+
+@pytest.mark.parametrize("atomic", [False, True], ids=["two-batches", "one-batch"])
+def test_api_requests_per_version_with_a_kept_token_and_with_one_batch(hub, atomic):
+    """Per version: 2 API requests (two /batch, the Xet write token kept); 1 where the store's
+    batch were all-or-nothing (``Store.atomic_batches``: not the Hub's, so only forced here)."""
+    from deltasync.manifest import Manifest
+    from deltasync.publisher import DeltaPublisher, PublisherConfig
+
+    rng = np.random.default_rng(1)
+    bits = {n: rng.integers(0x3C00, 0x3E00, s, dtype=np.uint16) for n, s in SHAPES.items()}
+    store = Store(URI)
+    store.atomic_batches = atomic
+    pub = DeltaPublisher(store, config=PublisherConfig(anchor_every=100))
+    per_version = []
+    for step in range(6):
+        for a in bits.values():
+            a.reshape(-1)[rng.choice(a.size, 20, replace=False)] += 1
+        before = hub.total("api")
+        pub.publish(bits.items(), step=step)
+        pub.flush()
+        per_version.append(hub.total("api") - before)
+        m = Manifest.from_json(hub.files["manifest.json"][0])
+        named = {f.path for v in m.versions for p in (v.delta, v.anchor) if p for f in p.files}
+        assert named <= set(hub.files)
+    print(f"\n{'one batch' if atomic else 'two batches'}: API requests per version {per_version}")
+    assert per_version == [1 if atomic else 2] * 6
+    pub.close()
+    assert store.requests.snapshot() == (hub.total("api"), hub.total("resolver"))
 
 
 def test_missing_manifest_is_no_version_but_missing_bucket_and_bad_token_are_loud(hub, monkeypatch):

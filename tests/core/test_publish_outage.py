@@ -363,7 +363,8 @@ def test_a_429_on_a_write_waits_its_retry_after_then_succeeds():
             {"Retry-After": "1000"},  # capped at max_retry_after_s
         ]
     )
-    store.hub.api, store.hub._checked = api, True
+    # the fake API is the whole write (batch_bucket_files uploading itself, no kept Xet token)
+    store.hub.api, store.hub._checked, store.hub._reuse = api, True, False
     store.write_bytes("a.json", b"1")
     assert api.added == ["a.json"]
     assert waits[0] == 7.0 and 28.0 <= waits[1] <= 30.0 and waits[2:] == [12.0, 60.0]
@@ -371,6 +372,7 @@ def test_a_429_on_a_write_waits_its_retry_after_then_succeeds():
     waits.clear()
     store = _hub_store(retries=2, waits=waits)
     store.hub.api, store.hub._checked = _ThrottlingApi([{"Retry-After": "3"}] * 2), True
+    store.hub._reuse = False
     with pytest.raises(StoreRateLimitError, match="rate limited.*2 times"):
         store.write_bytes("b.json", b"2")  # a publisher waits this out as an outage
     assert waits == [3.0]

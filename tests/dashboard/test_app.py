@@ -21,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning")
 gr = pytest.importorskip("gradio", reason="the dashboard extra (gradio) is not installed")
 gradio_client = pytest.importorskip("gradio_client", reason="gradio_client (dev extra) missing")
 
-from dashboard.frames import COLUMNS, CURVE_SERIES, TRAIN_CONSISTENT, TRAIN_VALID  # noqa: E402
+from dashboard.frames import COLUMNS, REWARD_SERIES, TRAIN_SUFFIX  # noqa: E402
 from dashboard.ui import (  # noqa: E402
     ADAPTER_LABELS,
     FIXED_COLORS,
@@ -69,7 +69,7 @@ def test_api_matches_the_data_layer(recorded_bucket):
         assert table["headers"][:4] == ["Replica", "Health", "Status", "Held version"]
         assert [r[0] for r in table["data"]] == want.replica.tolist()
         names = ["versions", "lag", "lag", "payloads", "density", "syncs", "sync_phases"]
-        names += ["reward", "curve", "lag", "training", "staleness"]
+        names += ["reward", "curve", "training", "staleness"]
         assert len(plots) == len(names)
         for name, plot in zip(names, plots, strict=True):
             value = plot["value"] if plot.get("__type__") == "update" else plot
@@ -83,10 +83,14 @@ def test_api_matches_the_data_layer(recorded_bucket):
         assert set(colors[3]) == {"anchor", "delta"}
         # the learning curve: its series in their fixed colors, the label in each tooltip
         curve = plots[names.index("curve")]
-        valid = expected.frame("training").valid_rate.notna().any()  # steps that counted moves
-        want = {*CURVE_SERIES, TRAIN_CONSISTENT} | ({TRAIN_VALID} if valid else set())
+        training = expected.frame("training")
+        valid = "valid_rate" in training and training.valid_rate.notna().any()  # counted moves
+        evals = {REWARD_SERIES, "win rate", "consistent", "valid"}  # Wordle's headline figures
+        want = (
+            evals | {"consistent" + TRAIN_SUFFIX} | ({"valid" + TRAIN_SUFFIX} if valid else set())
+        )
         assert {k for k in curve["color_map"] if k != "~gen"} == want
-        assert all(curve["color_map"][k] == FIXED_COLORS[k] for k in CURVE_SERIES)
+        assert all(curve["color_map"][k] == FIXED_COLORS[k] for k in evals)
         assert "label" in next(s for s in PLOTS if s.frame == "curve").tooltip
         assert "consistent" in summary
         # a full-weight run's page keeps the labels it was built with

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from dashboard.data import BucketReader
-from dashboard.frames import BYTES_PER_MB, COLUMNS, CURVE_SERIES, TRAIN_CONSISTENT
+from dashboard.frames import BYTES_PER_MB, COLUMNS, REWARD_SERIES, TRAIN_SUFFIX
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import (
     TRAINER_METRICS_PATH,
@@ -49,8 +49,14 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
     assert view.run_id == manifest.run_id
     assert view.trainer_version == manifest.latest.version
     assert view.warnings == []
+    # then one column per figure the task declares, in declared order (an old file: Wordle's)
+    scalar = [f for f in metrics.figures if not f.counts]
+    own = {
+        "training": [f.name for f in scalar if f.steps],
+        "evals": [f.name for f in scalar if f.evals],
+    }
     for name, cols in COLUMNS.items():
-        assert list(view.frame(name).columns) == cols, name
+        assert list(view.frame(name).columns) == cols + own.get(name, []), name
 
     # payload MB per version, anchors marked
     payloads = view.frame("payloads")
@@ -124,7 +130,7 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
     staleness = view.frame("staleness")
     assert int(staleness["count"].sum()) == sum(sum(s.staleness.values()) for s in metrics.steps)
     assert training.consistent_rate.tolist() == pytest.approx(
-        [s.consistent_rate for s in metrics.steps]
+        [s.figures["consistent_rate"] for s in metrics.steps]
     )
     assert training.games.tolist() == [s.games for s in metrics.steps]
 
@@ -132,17 +138,24 @@ def test_frames_match_the_recorded_bucket(recorded_bucket):
     # then the training games' consistent share per step
     curve = view.frame("curve")
     assert [e.label for e in metrics.evals] == ["before", "step-4"]
-    for series, field in CURVE_SERIES.items():
-        mine = curve[curve.series == series]
-        assert mine.label.tolist() == [e.label for e in metrics.evals], series
-        assert mine.step.tolist() == [e.step for e in metrics.evals], series
-        assert mine.value.tolist() == pytest.approx([getattr(e, field) for e in metrics.evals])
-    train = curve[curve.series == TRAIN_CONSISTENT]
+    series = {REWARD_SERIES: "reward_mean", "win rate": "win_rate"}
+    series |= {"consistent": "consistent_rate", "valid": "valid_guess_rate"}
+    for name, field in series.items():
+        mine = curve[curve.series == name]
+        assert mine.label.tolist() == [e.label for e in metrics.evals], name
+        assert mine.step.tolist() == [e.step for e in metrics.evals], name
+        want = [
+            e.reward_mean if field == "reward_mean" else e.figures[field] for e in metrics.evals
+        ]
+        assert mine.value.tolist() == pytest.approx(want)
+    train = curve[curve.series == "consistent" + TRAIN_SUFFIX]
     assert train.step.tolist() == training.step.tolist()
     assert train.value.tolist() == pytest.approx(training.consistent_rate.tolist())
     assert set(train.label) == {"training"}
     evals = view.frame("evals")
-    assert evals.stopped_early_rate.tolist() == [e.stopped_early_rate for e in metrics.evals]
+    assert evals.stopped_early_rate.tolist() == [
+        e.figures["stopped_early_rate"] for e in metrics.evals
+    ]
 
     # status table
     status = view.frame("status").set_index("replica")
@@ -303,3 +316,47 @@ def test_status_shows_each_replicas_url_and_the_routers_counts(tmp_path):
     store.write_bytes(TRAINER_METRICS_PATH, later.model_dump_json().encode())
     status = reader.read().frame("status").set_index("replica")
     assert status.loc["a", "served"] == 140 and status.loc["a", "served_per_s"] == 5.0
+
+
+def test_a_tasks_own_figures_are_the_columns_and_curves():
+    """Another task's declared figure (the letter task's answer length, as ``Task.figures``
+    declares it) is the training and evaluation frames' column and the learning curve's series,
+    under its label, and Wordle's are nowhere."""
+    from deltasync.status import EvalResult, StepMetrics, TaskFigure
+
+    uri = "memory://dash-test-task-figures"
+    length = TaskFigure(
+        name="answer_chars",
+        label="answer length",
+        unit="chars",
+        higher_is_better=None,
+        headline=True,
+    )
+    metrics = TrainerMetrics(
+        run_id="r",
+        figures=[length],
+        steps=[StepMetrics(step=s, reward=0.5, figures={"answer_chars": 5.0 + s}) for s in (1, 2)],
+        evals=[
+            EvalResult(
+                label="before",
+                step=0,
+                episodes=4,
+                reward_mean=0.2,
+                reward_se=0.1,
+                figures={"answer_chars": 4.5},
+            )
+        ],
+    )
+    Store(uri).write_bytes("metrics/trainer.json", metrics.model_dump_json().encode())
+    view = BucketReader(uri).read()
+    training, evals = view.frame("training"), view.frame("evals")
+    assert list(training.columns) == COLUMNS["training"] + ["answer_chars"]
+    assert training.answer_chars.tolist() == [6.0, 7.0]
+    assert list(evals.columns) == COLUMNS["evals"] + ["answer_chars"]
+    assert evals.answer_chars.tolist() == [4.5]
+    curve = view.frame("curve")
+    assert sorted(set(curve.series)) == ["answer length", "answer length (train)", "reward"]
+    assert curve[curve.series == "answer length (train)"].value.tolist() == [6.0, 7.0]
+    assert view.frame("figures").label.tolist() == ["answer length"]
+    page = view.markdown(public=True)
+    assert "answer length 4.5 chars" in page and "win rate" not in page

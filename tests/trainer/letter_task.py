@@ -15,6 +15,7 @@ import statistics
 import httpx
 from letter_env import letter_for  # beside this file, on sys.path like it
 
+from deltasync.status import TaskFigure
 from trainer.task.base import ENV_URL_VAR, EnvServer, EvalRequest, Task
 from trainer.task.chat_format import render_turns
 
@@ -75,7 +76,7 @@ def evaluate(request: EvalRequest, seeds: list, temperature: float, per_seed: bo
             "id"
         ]
     )
-    rewards = []
+    rewards, lengths = [], []
     for s in seeds:
         text = render_turns(tokenizer, prompt(s), [], generation_prompt=True)
         payload = {
@@ -91,14 +92,38 @@ def evaluate(request: EvalRequest, seeds: list, temperature: float, per_seed: bo
             timeout=120,
         )
         r.raise_for_status()
-        rewards.append(score(request.env_url, s, r.json()["choices"][0]["text"]))
+        text = r.json()["choices"][0]["text"]
+        rewards.append(score(request.env_url, s, text))
+        lengths.append(len(text.strip()))
     block = {
         "episodes": len(rewards),
         "reward_mean": round(statistics.fmean(rewards), 4),
         "reward_se": round(statistics.stdev(rewards) / math.sqrt(len(rewards)), 4),
+        "answer_chars": round(statistics.fmean(lengths), 3),
     }
     return block | ({"per_seed": rewards} if per_seed else {})
 
+
+def episode_counts(completion) -> dict[str, int]:
+    """One training episode's counts: the characters of its answer."""
+    return {"chars": len(answer_text(completion).strip())}
+
+
+def step_figures(counts: dict[str, int], games: int) -> dict:
+    """A step's figures: the mean characters of its answers (None with no game)."""
+    return {"answer_chars": round(counts.get("chars", 0) / games, 3) if games else None}
+
+
+# the letter task's own figure: how long its answers are (a word is 5 letters)
+FIGURES = (
+    TaskFigure(
+        name="answer_chars",
+        label="answer length",
+        unit="chars",
+        higher_is_better=None,
+        headline=True,
+    ),
+)
 
 TASK = Task(
     name="letter",
@@ -108,4 +133,7 @@ TASK = Task(
     eval_seeds=lambda count: list(range(HELD_OUT_FIRST, HELD_OUT_FIRST + count)),
     eval_seed_count=HELD_OUT_COUNT,
     evaluate=evaluate,
+    episode_counts=episode_counts,
+    step_figures=step_figures,
+    figures=FIGURES,
 )

@@ -18,7 +18,7 @@ from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
 from deltasync.store import Store
 from trainer.loop.rollout_tagging import ReplicaVersionTagger
 from trainer.task.board import accepted_moves, consistency
-from trainer.task.wordle import episode_counts, step_figures
+from trainer.task.wordle import FIGURES, episode_counts, step_figures
 from trainer.task.wordle_task import EpisodeStats, call_message, solver_conversation
 from wordle_env import wordlists
 from wordle_env.game import WordleGame
@@ -167,7 +167,7 @@ def test_callback_writes_the_steps_consistent_share_and_games(capsys):
     worker = _FakeWorker()
     tagger = ReplicaVersionTagger(worker, lambda: None, lambda: None, episode_counts=episode_counts)
     cb = BucketMetricsCallback(
-        store, "run", _FakePublisher(), tagger=tagger, step_figures=step_figures
+        store, "run", _FakePublisher(), tagger=tagger, step_figures=step_figures, figures=FIGURES
     )
     words = ["crane", "cranes", "slate", "zzzzz", "pious", "slate", "boast", "toast"]
     completion, stats = _played("toast", words)
@@ -180,26 +180,43 @@ def test_callback_writes_the_steps_consistent_share_and_games(capsys):
     written = TrainerMetrics.model_validate_json(store.read_bytes(TRAINER_METRICS_PATH))
     first, second = written.steps
     assert (first.games, second.games) == (3, 0)
-    assert first.consistent_rate == pytest.approx(stats.consistent / stats.checked, abs=1e-4)
-    assert second.consistent_rate is None
+    assert first.figures["consistent_rate"] == pytest.approx(
+        stats.consistent / stats.checked, abs=1e-4
+    )
+    assert "consistent_rate" not in second.figures  # not measured: absent
     assert cb.tagger.games_total == 3
     out = capsys.readouterr().out
     # the moves the game took and refused, by its own codes, as the episode's stats counted them
     refused = sum(stats.invalid_reasons.values())
     assert stats.invalid_reasons == {"wrong_length": 1, "not_a_word": 1, "repeated_guess": 1}
-    assert first.invalid_reasons == {k: 3 * v for k, v in stats.invalid_reasons.items()}
-    assert first.valid_rate == pytest.approx(stats.accepted / (stats.accepted + refused), abs=1e-4)
-    assert first.guesses_mean == stats.accepted == 5
-    assert (second.valid_rate, second.invalid_reasons) == (None, {})
-    assert f"cons={first.consistent_rate:.2f} valid={first.valid_rate:.2f} games=3" in out
-    assert "cons=None valid=None games=0" in out
+    assert {
+        k.split("/", 1)[1]: v for k, v in first.figures.items() if k.startswith("invalid_reasons/")
+    } == {k: 3 * v for k, v in stats.invalid_reasons.items()}
+    assert first.figures["valid_rate"] == pytest.approx(
+        stats.accepted / (stats.accepted + refused), abs=1e-4
+    )
+    assert first.figures["guesses_mean"] == stats.accepted == 5
+    assert second.figures == {}
+    # the step line: Wordle's declared step figures, in declared order, under their labels
+    f = first.figures
+    line = f"consistent={f['consistent_rate']:.2f} valid={f['valid_rate']:.2f} guesses_a_game=5"
+    assert f"{line} games=3" in out
+    assert "consistent=None valid=None guesses_a_game=None games=0" in out
+    assert written.figures == list(FIGURES)  # the run's declarations, written once
+    assert cb._undeclared == set()  # every figure Wordle returns is declared
     ev = written.evals[0]
-    assert (ev.label, ev.consistent_rate, ev.invalid_rate, ev.stopped_early_rate) == (
+    assert (ev.label, ev.figures["consistent_rate"], ev.figures["invalid_rate"]) == (
         "step-2",
         0.42,
         0.05,
-        0.1,
     )
+    assert ev.figures["stopped_early_rate"] == 0.1
+    assert set(ev.figures) == set(_eval_block()) - {
+        "episodes",
+        "reward_mean",
+        "reward_se",
+        "per_seed",
+    }
     assert "per_seed" not in store.read_bytes(TRAINER_METRICS_PATH).decode()
 
 

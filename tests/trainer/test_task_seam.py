@@ -166,3 +166,9 @@ def test_a_second_task_trains_through_the_same_trainer_replica_and_bucket(tmp_pa
     assert [s["step"] for s in steps] == [1, 2]
     assert all(0.0 <= s["reward"] <= 1.0 for s in steps)
     assert all(s["rewards/letter_reward"] == s["reward"] for s in steps)  # its one reward
+    # its own figure (answer length), declared by the task, in the summary and each step's log
+    assert [f["name"] for f in summary["figures"]] == ["answer_chars"]
+    assert summary["train_figures"]["answer_chars"] > 0
+    assert summary["eval_after"]["answer_chars"] > 0
+    assert all("answer_chars" in row for row in summary["eval_curve"])
+    assert all(s["games/answer_chars"] > 0 for s in steps)

@@ -27,15 +27,8 @@ from trainer.task.base import EvalRequest, Task
 
 log = logging.getLogger("trainer")
 
-# the summary's per-evaluation figures, in the order they are listed
-CURVE_FIELDS = (
-    "reward_mean",
-    "reward_se",
-    "win_rate",
-    "consistent_rate",
-    "invalid_rate",
-    "episodes",
-)
+# the summary's per-evaluation figures, around the task's own (``HeldOutEvals.curve_fields``)
+CURVE_FIELDS = ("reward_mean", "reward_se")
 
 
 class HeldOutEvals:
@@ -124,14 +117,22 @@ class HeldOutEvals:
             wait_for_version(self.rollouts.served_version, version, timeout_s=300)
         self.play(label, step, version, games, draws)
 
+    def curve_fields(self) -> tuple[str, ...]:
+        """The learning curve's figures: the reward and its SE, the task's declared evaluation
+        figures in declared order (``Task.figures``, named counts left out), the episodes."""
+        declared = getattr(self.task, "figures", ())
+        own = tuple(f.name for f in declared if f.evals and not f.counts)
+        return (*CURVE_FIELDS, *own, "episodes")
+
     def curve(self) -> list[dict]:
         """One row per evaluation, in order, each with its paired difference from the first
         evaluation on the seeds they share (a curve point plays the first
         ``curve_episodes``)."""
         before = self.blocks.get("before")
+        fields = self.curve_fields()
         rows = []
         for label, block in self.blocks.items():
-            row = {"label": label, **{m: block[m] for m in CURVE_FIELDS if m in block}}
+            row = {"label": label, **{m: block[m] for m in fields if m in block}}
             if before is not None and label != "before" and len(block["per_seed"]) > 1:
                 n = len(block["per_seed"])
                 row["vs_before"] = paired_difference(before["per_seed"][:n], block["per_seed"])

@@ -29,7 +29,9 @@ from deltasync.status import (
     EvalResult,
     FleetMember,
     StepMetrics,
+    TaskFigure,
     TrainerMetrics,
+    flat_figures,
 )
 from deltasync.store import Store
 
@@ -70,6 +72,10 @@ class BucketMetricsCallback(TrainerCallback):
             (``trainer.fleet.pool.ReplicaPool.replica_rows``), or None.
         step_figures: ``f(counts, games) -> dict``: the task's figures of a step's training
             games (``Task.step_figures``: e.g. Wordle's valid share), or None: none.
+        figures: the task's declared figures (``Task.figures``), written once into the file
+            (``TrainerMetrics.figures``); the step line shows the declared step figures in this
+            order under their labels. A figure the task returns undeclared is recorded all the
+            same, with one warning per name.
         max_dropped_fraction: a step whose dropped episodes (the environment failed them:
             ``GameTally.dropped``) are more than this share of its episodes is failing; 1: never.
         max_dropped_steps: after this many failing steps in a row ``on_log`` raises
@@ -94,6 +100,7 @@ class BucketMetricsCallback(TrainerCallback):
         log_path: str | None = None,
         fleet=None,
         step_figures=None,
+        figures: tuple[TaskFigure, ...] = (),
         max_dropped_fraction: float = 1.0,
         max_dropped_steps: int = 3,
     ):
@@ -113,7 +120,9 @@ class BucketMetricsCallback(TrainerCallback):
         self.publisher = publisher
         self.tagger = tagger
         self.keep = keep
-        self.metrics = TrainerMetrics(run_id=run_id)
+        self.figures = tuple(figures)
+        self._undeclared: set[tuple[str, str]] = set()  # (figure, where) warned about
+        self.metrics = TrainerMetrics(run_id=run_id, figures=list(self.figures))
         self.fleet = fleet
         self.step_s: list[float] = []
         self._step_t0: float | None = None
@@ -130,6 +139,7 @@ class BucketMetricsCallback(TrainerCallback):
             log_path=os.path.join(stack.logs_dir, "steps.jsonl"),
             fleet=stack.pool.replica_rows,
             step_figures=task.step_figures,
+            figures=task.figures,
             max_dropped_fraction=stack.cfg.grpo.max_dropped_fraction,
             max_dropped_steps=stack.cfg.grpo.max_dropped_steps,
         )
@@ -146,8 +156,63 @@ class BucketMetricsCallback(TrainerCallback):
         return round(statistics.median(self.step_s), 3) if self.step_s else None
 
     def summary(self) -> dict:
-        """The metrics' part of the run's summary: the step time's median and the stale share."""
-        return {"step_s_median": self.step_s_median(), "stale_fraction": self.stale_fraction()}
+        """The metrics' part of the run's summary: the step time's median, the stale share, the
+        task's declared figures (``figures``: name, label, unit, ...) and the mean of each figure
+        over the training steps that measured it (``train_figures``, declared ones first, in
+        their order)."""
+        return {
+            "step_s_median": self.step_s_median(),
+            "stale_fraction": self.stale_fraction(),
+            "figures": [f.model_dump() for f in self.figures],
+            "train_figures": self.train_figures(),
+        }
+
+    def train_figures(self) -> dict[str, float]:
+        """The mean of each figure over the steps kept that measured it (counts such as
+        ``"invalid_reasons/<code>"``: summed), declared figures first in declared order."""
+        values: dict[str, list[float]] = {}
+        for s in self.metrics.steps:
+            for name, v in s.figures.items():
+                values.setdefault(name, []).append(v)
+        order = {f.name: i for i, f in enumerate(self.figures)}
+        out = {}
+        for name in sorted(values, key=lambda n: (order.get(n.split("/")[0], len(order)), n)):
+            vs = values[name]
+            out[name] = round(sum(vs) if "/" in name else statistics.fmean(vs), 4)
+        return out
+
+    def _recorded(self, values: dict, where: str, known=frozenset()) -> dict[str, float]:
+        """The task's figures ``values`` as recorded (``flat_figures``: None is "not measured"),
+        warning once per name that the task did not declare for ``where`` ("steps" or "evals")
+        or whose value is neither a number nor named counts (that one cannot be recorded);
+        ``known``: keys that are not figures."""
+        values = {k: v for k, v in values.items() if k not in known}
+        declared = {f.name for f in self.figures if getattr(f, where)}
+        kind = "evaluations" if where == "evals" else "training steps"
+        for name, v in values.items():
+            odd = v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, dict)))
+            if (name in declared and not odd) or (name, where) in self._undeclared:
+                continue
+            self._undeclared.add((name, where))
+            if odd:
+                log.warning(
+                    "the task's %s reported figure %r as %r: expected a number or named counts "
+                    "{code: n}; not recorded",
+                    kind,
+                    name,
+                    v,
+                )
+                continue
+            log.warning(
+                "the task's %s reported figure %r (%r), which its Task.figures does not declare "
+                "for %s: recorded in the bucket's metrics all the same, but the step line and the "
+                "dashboard show declared figures only; declare it (deltasync.status.TaskFigure)",
+                kind,
+                name,
+                v,
+                where,
+            )
+        return flat_figures(values)
 
     def stale_fraction(self) -> float | None:
         """Samples discarded as stale / samples generated (consumed by the trainer or left in the
@@ -161,8 +226,17 @@ class BucketMetricsCallback(TrainerCallback):
 
     def add_eval(self, label: str, step: int, version: int | None, block: dict) -> None:
         """Record an evaluation block (``trainer.task.evaluate.summarize``) and write the metrics."""
-        fields = {k: block[k] for k in EvalResult.model_fields if k in block}
-        self.metrics.evals.append(EvalResult(label=label, step=step, version=version, **fields))
+        own = ("episodes", "reward_mean", "reward_se")
+        figures = self._recorded(block, "evals", known=frozenset((*own, "per_seed", "draws")))
+        self.metrics.evals.append(
+            EvalResult(
+                label=label,
+                step=step,
+                version=version,
+                figures=figures,
+                **{k: block[k] for k in own},
+            )
+        )
         self._write()
         self.flush()
 
@@ -221,7 +295,7 @@ class BucketMetricsCallback(TrainerCallback):
         tokens = _num(logs, "batch/forwarded_tokens_per_step")
         figures = {}
         if games is not None and self.step_figures is not None:
-            figures = self.step_figures(dict(games.counts), games.games)
+            figures = self._recorded(self.step_figures(dict(games.counts), games.games), "steps")
         outage = getattr(self.publisher, "outage", None)  # deltasync.publisher.PublishOutage
         store = (
             {
@@ -251,7 +325,7 @@ class BucketMetricsCallback(TrainerCallback):
             stale_fraction=self.stale_fraction(),
             turns_mean=_num(logs, "rollout/turns_mean"),
             games=games.games if games else None,
-            **{k: v for k, v in figures.items() if k in StepMetrics.model_fields},
+            figures=figures,
             kl=_num(logs, "kl"),
             clipped=_num(logs, "clip_ratio/region_mean"),
             tokens_per_s=round(tokens / step_s, 1) if tokens and step_s else None,
@@ -262,8 +336,8 @@ class BucketMetricsCallback(TrainerCallback):
         self._write(force=False)
         rv = self.tagger.replica_version if self.tagger else None
         msg = (
-            f"step {m.step} reward={_fmt(m.reward)} turns={_fmt(m.turns_mean, 2)} "
-            f"cons={_fmt(m.consistent_rate, 2)} valid={_fmt(m.valid_rate, 2)} games={m.games} "
+            f"step {m.step} reward={_fmt(m.reward)} turns={_fmt(m.turns_mean, 2)}"
+            f"{self._figures_note(m.figures)} games={m.games} "
             f"loss={_fmt(m.loss)} kl={_fmt(m.kl, 4)} step_s={_fmt(step_s, 1)} "
             f"v{m.version} replica=v{rv} stale={_fmt(m.stale_fraction, 2)} "
             f"bytes={m.bytes} density={_fmt(m.density, 5)}"
@@ -274,6 +348,19 @@ class BucketMetricsCallback(TrainerCallback):
         tqdm.write(msg)  # above the progress bar; the bar's own per-log dict is silenced
         log.debug(msg)
         self._check_dropped(m)
+
+    def _figures_note(self, figures: dict[str, float]) -> str:
+        """The step line's task figures: each declared step figure with a single value, in
+        declared order, as ``label=value`` (spaces in the label as ``_``; a share to 2 digits,
+        another number to 3 significant ones; None where the step did not measure it)."""
+        out = ""
+        for f in self.figures:
+            if not f.steps or f.counts:
+                continue  # named counts ("<name>/<code>") are in the bucket and steps.jsonl
+            v = figures.get(f.name)
+            text = None if v is None else (f"{v:.2f}" if f.unit == "share" else f"{v:.3g}")
+            out += f" {f.label.replace(' ', '_')}={text}"
+        return out
 
     def _check_dropped(self, m: StepMetrics) -> None:
         """Count a step whose dropped share is over ``max_dropped_fraction``; after

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deltasync.status import TaskFigure
 from trainer.trust import TrustedUrls
 
 # The environment server's URL, handed to TRL's spawned rollout process (set by the run stack,
@@ -114,8 +115,14 @@ class Task:
             one training episode (its messages after the prompt), in order, None where a turn
             has none (``--turn-credit``, ``trainer.loop.advantages.TurnCredit``); None: the
             task has no per-turn rewards.
-        step_figures: ``f(counts, games) -> dict``: the step's figures from the summed counts
-            (``deltasync.status.StepMetrics`` field names, e.g. ``valid_rate``).
+        step_figures: ``f(counts, games) -> dict``: the step's figures from the summed counts,
+            by the names of :attr:`figures` (e.g. Wordle's ``valid_rate``); None where not
+            measured.
+        figures: the task's own figures (``deltasync.status.TaskFigure``: name, label, unit,
+            whether higher is better, measured on the training steps and/or the evaluations), in
+            the order the step line, the summary and the dashboard show them. A figure that
+            ``step_figures`` or ``evaluate`` returns but that is not declared is still recorded,
+            with one warning (``trainer.loop.metrics``).
         rewards: the episode rewards the task's environment can pay (``--reward``; the run hands
             the chosen one to the task in ``$DELTASYNC_TASK_REWARD``), the first the default;
             () where it pays one only.
@@ -140,6 +147,7 @@ class Task:
     check_context: Callable[..., int] | None = None
     episode_counts: Callable[[list], dict[str, int]] | None = None
     step_figures: Callable[[dict[str, int], int], dict] | None = None
+    figures: tuple[TaskFigure, ...] = ()
     turn_rewards: Callable[[list], list[float | None]] | None = None
     rewards: tuple[str, ...] = ()
     attach: Callable[[Any, Any, Any], None] | None = None
@@ -153,6 +161,9 @@ class Task:
                 "reward_funcs (single-turn), found "
                 + ("both" if self.environment_factory is not None else "neither")
             )
+        names = [f.name for f in self.figures]
+        if len(set(names)) != len(names):
+            raise TaskError(f"task {self.name!r}: expected figure names once each, found {names}")
 
 
 def space_headers(url: str, hf_token: str | None, trust: TrustedUrls) -> dict[str, str]:

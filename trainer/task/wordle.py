@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 
+from deltasync.status import TaskFigure
 from trainer.task import board, credit, wordle_task
 from trainer.task.base import EnvServer, EvalRequest, Task
 
@@ -148,6 +149,49 @@ def hub_config(run, games: int):
     return HubWarmStartConfig(games=games, turns=run.hub_warm_start_turns, seed=run.seed)
 
 
+def _share(name: str, label: str, *, better: bool | None = True, **where) -> TaskFigure:
+    return TaskFigure(name=name, label=label, unit="share", higher_is_better=better, **where)
+
+
+# Wordle's figures in the order they are shown: the step line shows those of the training games
+# (``step_figures``), the summary and the dashboard those of the held-out games (``evaluate``'s
+# block, ``trainer.task.evaluate.summarize``) too; the headline ones are on the learning curve.
+EVAL_ONLY = {"steps": False}
+FIGURES = (
+    _share("win_rate", "win rate", headline=True, **EVAL_ONLY),
+    # later guesses that fit every earlier feedback row (``board.consistency``)
+    _share("consistent_rate", "consistent", headline=True),
+    # of the training games' moves, the accepted guesses (``step_figures``)
+    _share("valid_rate", "valid", headline=True, evals=False),
+    # of the held-out games' parseable calls, those the game accepted as a word
+    _share("valid_guess_rate", "valid", headline=True, **EVAL_ONLY),
+    TaskFigure(name="guesses_mean", label="guesses a game", unit="guesses", higher_is_better=None),
+    # invalid moves by the game's code (wrong_length, not_a_word, ...): "invalid_reasons/<code>"
+    TaskFigure(
+        name="invalid_reasons",
+        label="invalid moves",
+        unit="moves",
+        higher_is_better=False,
+        counts=True,
+    ),
+    _share("wellformed_rate", "well-formed calls", **EVAL_ONLY),
+    _share("invalid_rate", "invalid moves a turn", better=False, **EVAL_ONLY),
+    _share("stopped_early_rate", "stopped early", better=False, **EVAL_ONLY),
+    _share("two_guesses_rate", "two guesses or a win", **EVAL_ONLY),
+    _share("bad_end_rate", "malformed or invalid end", better=False, **EVAL_ONLY),
+    _share("no_guess_rate", "no accepted guess", better=False, **EVAL_ONLY),
+    TaskFigure(name="guess_value_mean", label="guess value", steps=False),
+    TaskFigure(name="shaped_reward_mean", label="shaped reward", unit="reward", steps=False),
+    _share("stop_after_good_rate", "stopped after a good row", better=None, **EVAL_ONLY),
+    _share("stop_after_poor_rate", "stopped after a poor row", better=None, **EVAL_ONLY),
+    TaskFigure(
+        name="stopped_row_credit_mean",
+        label="credit of the row stopped on",
+        steps=False,
+        higher_is_better=None,
+    ),
+)
+
 TASK = Task(
     name="wordle",
     dataset=wordle_task.make_dataset,
@@ -171,6 +215,7 @@ TASK = Task(
     check_context=_check_context,
     episode_counts=episode_counts,
     step_figures=step_figures,
+    figures=FIGURES,
     turn_rewards=turn_rewards,
     rewards=wordle_task.EPISODE_REWARDS,
     attach=_attach,

@@ -56,6 +56,7 @@ from deltasync.status import (
     ReplicaHeartbeat,
     StepMetrics,
     SyncRecord,
+    TaskFigure,
     TrainerMetrics,
 )
 from deltasync.store import Store, resolve_uri
@@ -139,6 +140,7 @@ class BucketReader(FramesFromHistory):
         self._hb_read_at: float | None = None
         self._listing: list[str] = []
         self._evals: dict[tuple[str, int], EvalResult] = {}
+        self._figures: list[TaskFigure] = []  # the run's task figures, as the metrics declare
         self._fleet: dict[str, FleetMember] = {}  # replica id -> the trainer's view of it
         self._fleet_at: float | None = None  # updated_at of the metrics that view came from
         self._served_per_s: dict[str, float] = {}  # replica id -> answers/s between two views
@@ -191,6 +193,7 @@ class BucketReader(FramesFromHistory):
         self._heartbeats: dict[str, ReplicaHeartbeat] = {}
         self._manifest: Manifest | None = None
         self._evals = {}
+        self._figures = []
 
     # ------------------------------------------------------------------------------ reading
     def read(self, now: float | None = None) -> RunView:
@@ -487,6 +490,7 @@ class BucketReader(FramesFromHistory):
         _trim(self._steps, self.history)
         for ev in metrics.evals:
             self._evals[(ev.label, ev.step)] = ev
+        self._figures = list(metrics.figures)
         prev, prev_at = self._fleet, self._fleet_at
         self._fleet = {m.replica_id: m for m in metrics.fleet}
         if prev_at is not None and metrics.updated_at > prev_at:  # requests/s since the last view

@@ -9,7 +9,7 @@ import bisect
 import pandas as pd
 
 from deltasync.manifest import VersionEntry
-from deltasync.status import EvalResult, SyncRecord, lag_s, lag_versions
+from deltasync.status import EvalResult, SyncRecord, TaskFigure, lag_s, lag_versions
 
 BYTES_PER_MB = 1e6  # "MB" in the frames and plots is 10^6 bytes
 
@@ -32,29 +32,30 @@ COLUMNS: dict[str, list[str]] = {
     ).split(),
     # the same syncs in long form: phase "fetch" | "decode" | "apply" | "paused"
     "sync_phases": "time replica version phase seconds".split(),
-    # one row per trainer step; consistent_rate, valid_rate, kl and games: the step's training
-    # games (valid_rate: accepted guesses / moves) and TRL's KL; dropped_episodes: the step's
-    # episodes the environment failed (NaN in files written before it was counted);
-    # publish_every: the publisher's cadence at the step, syncs between publishes (NaN where no
-    # cadence ran, and in files written before it was recorded)
+    # one row per trainer step; kl and games: TRL's KL and the step's training games;
+    # dropped_episodes: the step's episodes the environment failed (NaN in files written before
+    # it was counted); publish_every: the publisher's cadence at the step, syncs between
+    # publishes (NaN where no cadence ran, and in files written before it was recorded). Then one
+    # column per figure the task declares for its steps (``step_figures``), named as declared.
     "training": (
         "step time version reward loss staleness_mean stale_fraction diff_s encode_s upload_s mb "
-        "density consistent_rate valid_rate kl games dropped_episodes publish_every"
+        "density kl games dropped_episodes publish_every"
     ).split(),
     # reward per step in long form for one plot: series "train" (the trainer's mean reward) and
     # one series per evaluation, "eval <label> ±SE" (three points at its step: mean - SE, mean,
     # mean + SE, drawn as a vertical error bar)
     "reward": "step reward series".split(),
-    # one row per evaluation (TrainerMetrics.evals); the last three rates are NaN in older files
-    "evals": (
-        "label step version episodes reward_mean reward_se win_rate wellformed_rate "
-        "valid_guess_rate guesses_mean consistent_rate invalid_rate stopped_early_rate time"
-    ).split(),
-    # the learning curve in long form: one row per evaluation and series (CURVE_SERIES: its mean
-    # reward, win rate and consistent share; label: the evaluation's), and one per trainer step
-    # for the consistent share of the step's training games (series TRAIN_CONSISTENT, label
-    # "training")
+    # one row per evaluation (TrainerMetrics.evals), then one column per figure the task
+    # declares for its evaluations (``eval_figures``; NaN where an evaluation lacks it)
+    "evals": "label step version episodes reward_mean reward_se time".split(),
+    # the learning curve in long form: one row per evaluation and series (its mean reward,
+    # series "reward", and each headline figure the task declares for evaluations, series: the
+    # figure's label; label: the evaluation's), and one per trainer step and headline figure of
+    # the training games (series "<figure label> (train)", label "training")
     "curve": "step value series label".split(),
+    # the task's figures as the run declares them (TrainerMetrics.figures), in declared order;
+    # better: "higher", "lower" or "" (neither)
+    "figures": "name label unit better steps evals headline counts".split(),
     # the staleness histogram in long form: staleness (versions, as text) -> sample count
     "staleness": "step staleness count".split(),
     # one row per replica heartbeat currently in the bucket
@@ -64,15 +65,10 @@ COLUMNS: dict[str, list[str]] = {
     ).split(),
 }
 
-# The learning curve's series of each evaluation: series name -> EvalResult field.
-CURVE_SERIES = {
-    "reward": "reward_mean",
-    "win rate": "win_rate",
-    "consistent": "consistent_rate",
-    "valid": "valid_guess_rate",
-}
-TRAIN_CONSISTENT = "consistent (train)"
-TRAIN_VALID = "valid (train)"
+# The learning curve's series of each evaluation's mean reward; a figure's series is its label,
+# and its training games' series its label with TRAIN_SUFFIX.
+REWARD_SERIES = "reward"
+TRAIN_SUFFIX = " (train)"
 
 # Columns holding text (nominal in plots); "time" is datetime; every other column is numeric.
 TEXT_COLUMNS = frozenset(
@@ -91,6 +87,9 @@ TEXT_COLUMNS = frozenset(
         "url",
         "fleet_state",
         "label",
+        "name",
+        "unit",
+        "better",
     }
 )
 
@@ -100,15 +99,15 @@ def empty_frame(name: str) -> pd.DataFrame:
     return _frame(name, [])
 
 
-def _frame(name: str, rows: list[tuple]) -> pd.DataFrame:
-    """Rows (tuples in ``COLUMNS[name]`` order) -> a frame with stable dtypes, empty or not
-    (Gradio plots pick their axis types from the dtypes: datetime -> temporal, numbers ->
-    quantitative, text -> nominal)."""
-    df = pd.DataFrame(rows, columns=COLUMNS[name])
+def _frame(name: str, rows: list[tuple], extra: list[str] = ()) -> pd.DataFrame:
+    """Rows (tuples in ``COLUMNS[name]`` order, then ``extra``: the task's figures, numbers) -> a
+    frame with stable dtypes, empty or not (Gradio plots pick their axis types from the dtypes:
+    datetime -> temporal, numbers -> quantitative, text -> nominal)."""
+    df = pd.DataFrame(rows, columns=COLUMNS[name] + list(extra))
     for col in df.columns:
         if col == "time":
             df[col] = pd.to_datetime(df[col].astype("float64"), unit="s")
-        elif col in TEXT_COLUMNS:
+        elif col in TEXT_COLUMNS and col not in extra:
             df[col] = df[col].astype(object)
         elif df[col].dtype == object:  # empty, or None where not measured
             df[col] = pd.to_numeric(df[col]).astype("float64")
@@ -133,6 +132,7 @@ class FramesFromHistory:
             "reward": self._reward_frame(),
             "evals": self._evals_frame(),
             "curve": self._curve_frame(),
+            "figures": self._figures_frame(),
             "staleness": self._staleness_frame(),
             "status": self._status_frame(now),
         }
@@ -210,7 +210,34 @@ class FramesFromHistory:
         ]
         return _frame("sync_phases", rows)
 
+    def _declared(self, where: str, headline: bool = False) -> list[TaskFigure]:
+        """The run's declared figures of ``where`` ("steps" or "evals") that have one value (not
+        named counts), in declared order; ``headline``: the headline ones only."""
+        return [
+            f
+            for f in self._figures
+            if getattr(f, where) and not f.counts and (f.headline or not headline)
+        ]
+
+    def _figures_frame(self) -> pd.DataFrame:
+        better = {True: "higher", False: "lower", None: ""}
+        rows = [
+            (
+                f.name,
+                f.label,
+                f.unit,
+                better[f.higher_is_better],
+                f.steps,
+                f.evals,
+                f.headline,
+                f.counts,
+            )
+            for f in self._figures
+        ]
+        return _frame("figures", rows)
+
     def _training_frame(self) -> pd.DataFrame:
+        own = [f.name for f in self._declared("steps")]
         rows = []
         for k in sorted(self._steps):
             s = self._steps[k]
@@ -231,15 +258,14 @@ class FramesFromHistory:
                     s.upload_s,
                     mb,
                     s.density,
-                    s.consistent_rate,
-                    s.valid_rate,
                     s.kl,
                     s.games,
                     s.dropped_episodes,
                     s.publish_every,
+                    *(s.figures.get(name) for name in own),
                 )
             )
-        return _frame("training", rows)
+        return _frame("training", rows, own)
 
     def _reward_frame(self) -> pd.DataFrame:
         rows = [
@@ -255,27 +281,30 @@ class FramesFromHistory:
 
     def _evals_frame(self) -> pd.DataFrame:
         cols = COLUMNS["evals"]
-        rows = [tuple(getattr(e, c) for c in cols) for e in self._sorted_evals()]
-        return _frame("evals", rows)
+        own = [f.name for f in self._declared("evals")]
+        rows = [
+            (*(getattr(e, c) for c in cols), *(e.figures.get(name) for name in own))
+            for e in self._sorted_evals()
+        ]
+        return _frame("evals", rows, own)
 
     def _curve_frame(self) -> pd.DataFrame:
-        """The learning curve: each evaluation's ``CURVE_SERIES`` at its step (a rate that an
-        older file lacks is left out), then the training games' consistent and valid shares
-        per step."""
-        rows = [
-            (e.step, getattr(e, field), series, e.label)
-            for e in self._sorted_evals()
-            for series, field in CURVE_SERIES.items()
-            if getattr(e, field) is not None
-        ]
+        """The learning curve: each evaluation's mean reward and headline figures at its step (a
+        figure an evaluation lacks is left out), then the training games' headline figures per
+        step."""
+        rows = []
+        for e in self._sorted_evals():
+            rows.append((e.step, e.reward_mean, REWARD_SERIES, e.label))
+            rows += [
+                (e.step, e.figures[f.name], f.label, e.label)
+                for f in self._declared("evals", headline=True)
+                if f.name in e.figures
+            ]
         rows += [
-            (k, value, series, "training")
-            for series, field in (
-                (TRAIN_CONSISTENT, "consistent_rate"),
-                (TRAIN_VALID, "valid_rate"),
-            )
+            (k, s.figures[f.name], f.label + TRAIN_SUFFIX, "training")
+            for f in self._declared("steps", headline=True)
             for k, s in sorted(self._steps.items())
-            if (value := getattr(s, field)) is not None
+            if f.name in s.figures
         ]
         return _frame("curve", rows)
 

@@ -50,7 +50,8 @@ FIXED_COLORS = {
     "decode": "#ff7f0e",
     "apply": "#2ca02c",
     "paused": "#d62728",
-    # the learning curve (dashboard.frames.CURVE_SERIES, TRAIN_CONSISTENT, TRAIN_VALID)
+    # the learning curve: its reward (dashboard.frames.REWARD_SERIES), and Wordle's figures by
+    # label (another task's figures take the palette's colors)
     "reward": "#1f77b4",
     "win rate": "#2ca02c",
     "consistent": "#d62728",
@@ -89,7 +90,6 @@ PLOTS = [
     PlotSpec(3, gr.ScatterPlot, "sync_phases", "time", "seconds", "phase", "plot-phases", "Fetch / decode / apply per sync", "seconds"),
     PlotSpec(0, gr.LinePlot, "reward", "step", "reward", "series", "plot-reward", "Reward per step (evals: mean ± SE)", "mean reward"),
     PlotSpec(0, gr.LinePlot, "curve", "step", "value", "series", "plot-curve", "Learning curve (held-out evals)", "share / mean reward", ["label", "series", "step", "value"]),
-    PlotSpec(0, gr.LinePlot, "lag", "time", "lag_s", "replica", "plot-lag-seconds-main", "Sync lag (seconds)", "seconds behind trainer"),
     PlotSpec(4, gr.LinePlot, "training", "step", "stale_fraction", None, "plot-stale-fraction", "Stale fraction of samples", "discarded / generated"),
     PlotSpec(4, gr.BarPlot, "staleness", "step", "count", "staleness", "plot-staleness", "Staleness of training samples", "samples (by versions stale)"),
 ]
@@ -113,7 +113,6 @@ ADAPTER_LABELS = {
     "plot-density": {"title": "Adapter delta density", "x_title": "adapter version"},
     "plot-paused": {"title": "Pause per adapter sync (loads don't pause)"},
     "plot-phases": {"title": "Fetch / decode / apply (load) per adapter sync"},
-    "plot-lag-seconds-main": {"title": "Adapter sync lag (seconds)"},
 }
 # fmt: on
 # The status table's headers as the page shows them: words, units in parentheses (frame column ->

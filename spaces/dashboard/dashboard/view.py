@@ -163,19 +163,18 @@ class RunView:
         lines += self._dropped_lines()
         lines += self._cadence_lines()
         evals = self.frame("evals")
-        for r in evals.itertuples():
-            rates = "".join(  # the task's shares that this evaluation has
-                f", {name} {100 * value:.0f}%"
-                for name, value in (
-                    ("win rate", r.win_rate),
-                    ("valid", r.valid_guess_rate),
-                    ("consistent", r.consistent_rate),
-                )
-                if pd.notna(value)
+        figures = self.frame("figures")
+        headline = figures[figures["evals"].astype(bool) & figures["headline"].astype(bool)]
+        headline = headline[~headline["counts"].astype(bool)]
+        for _, r in evals.iterrows():
+            shown = "".join(  # the task's headline figures that this evaluation has
+                f", {f.label} {_figure_text(r[f.name], f.unit)}"
+                for f in headline.itertuples()
+                if f.name in r.index and pd.notna(r[f.name])
             )
             lines.append(
-                f"eval **{r.label}** (step {r.step}, {r.episodes} games): reward "
-                f"{r.reward_mean:.3f} ± {r.reward_se:.3f} (SE){rates}"
+                f"eval **{r['label']}** (step {r['step']}, {r['episodes']} games): reward "
+                f"{r['reward_mean']:.3f} ± {r['reward_se']:.3f} (SE){shown}"
             )
         stamp = time.strftime("%H:%M:%S", time.localtime(self.read_at))
         lines.append(
@@ -213,6 +212,14 @@ class RunView:
         if not len(recorded) or int(recorded.iloc[-1]) <= 1:
             return []
         return [f"publishing every {int(recorded.iloc[-1])} syncs (Hub budget)"]
+
+
+def _figure_text(value: float, unit: str) -> str:
+    """A task figure as the summary shows it: a share as a percentage, another number to 3
+    significant digits with its unit."""
+    if unit == "share":
+        return f"{100 * value:.0f}%"
+    return f"{value:.3g}" + (f" {unit}" if unit else "")
 
 
 def _escape(text: str) -> str:
