@@ -88,7 +88,9 @@ def start_server(max_sessions: int) -> tuple[subprocess.Popen[bytes], str]:
         "WORDLE_HOST": "127.0.0.1",
         "WORDLE_LOG_LEVEL": "warning",
         "WORDLE_MAX_SESSIONS": str(max_sessions),
-        "WORDLE_MAX_SESSIONS_PER_CLIENT": str(max_sessions),  # every session is this process's
+        # every session is this process's; twice the row's sessions, since a closed session's
+        # slot is freed when the server's handler ends, which can be after the next row opens
+        "WORDLE_MAX_SESSIONS_PER_CLIENT": str(2 * max_sessions),
         "GRADIO_ANALYTICS_ENABLED": "False",
     }
     proc = subprocess.Popen([sys.executable, "-m", "wordle_env.server.app"], cwd=SPACE_DIR, env=env)
