@@ -98,28 +98,35 @@ def check_body(body: bytes, limits: GenerationLimits) -> dict | None:
         return None
     if not isinstance(doc, dict):
         return None
-    for field in ("n", "best_of"):
-        value = doc.get(field)
-        if isinstance(value, int | float) and value > limits.max_n:
-            return refusal(
-                "max_n",
-                limits.max_n,
-                "MAX_N",
-                f"expected {field} <= {limits.max_n}, found {value}: this replica caps "
-                f"completions per request at {limits.max_n}; send several requests, or raise "
-                "the replica's MAX_N",
-            )
-    for field in ("max_tokens", "max_completion_tokens"):
-        value = doc.get(field)
-        if isinstance(value, int | float) and value > limits.max_tokens:
-            return refusal(
-                "max_tokens",
-                limits.max_tokens,
-                "MAX_TOKENS",
-                f"expected {field} <= {limits.max_tokens}, found {value}: this replica caps "
-                f"tokens per completion at {limits.max_tokens}; ask for fewer, or raise the "
-                "replica's MAX_TOKENS",
-            )
+    caps = (
+        (
+            "max_n",
+            limits.max_n,
+            "MAX_N",
+            ("n", "best_of"),
+            "completions per request",
+            "send several requests",
+        ),
+        (
+            "max_tokens",
+            limits.max_tokens,
+            "MAX_TOKENS",
+            ("max_tokens", "max_completion_tokens"),
+            "tokens per completion",
+            "ask for fewer",
+        ),
+    )
+    for cap, limit, variable, fields, what, fix in caps:
+        for field in fields:
+            value = doc.get(field)
+            if isinstance(value, int | float) and value > limit:
+                return refusal(
+                    cap,
+                    limit,
+                    variable,
+                    f"expected {field} <= {limit}, found {value}: this replica caps {what} at "
+                    f"{limit}; {fix}, or raise the replica's {variable}",
+                )
     return None
 
 
