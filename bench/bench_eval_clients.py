@@ -1,5 +1,5 @@
 """Broken connections when the evaluation's threads share one HTTP client, against one client per
-thread (``trainer.task.evaluate._ThreadClients``).
+thread (``trainer.task.eval_http.ThreadClients``).
 
 ``THREADS`` closed-loop threads POST small completion-sized requests to a uvicorn server on
 127.0.0.1 (in a child process; each answer after 0-20 ms; every third thread pauses 50 ms between
@@ -29,8 +29,8 @@ from report import parse_with_smoke, save, smoke_path
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from trainer.local.processes import free_port  # noqa: E402
-from trainer.task.evaluate import _ThreadClients  # noqa: E402
+from trainer.local.ports import free_port  # noqa: E402
+from trainer.task.eval_http import ThreadClients  # noqa: E402
 
 THREADS = 64  # the evaluation's workers
 SERVER = """
@@ -101,7 +101,7 @@ def main() -> None:
         results = {"threads": THREADS, "seconds": seconds}
         with httpx.Client(timeout=10) as shared:
             results["shared"] = load(url, seconds, lambda: shared)
-        with _ThreadClients(None) as clients:
+        with ThreadClients(None) as clients:
             results["per-thread"] = load(url, seconds, clients.get)
     finally:
         server.terminate()

@@ -63,6 +63,7 @@ from deltasync.bf16 import bytes_digest, digest, to_bf16_bits  # noqa: E402
 from deltasync.errors import ConcurrentWriterError, StoreNotFoundError  # noqa: E402
 from deltasync.manifest import MANIFEST_PATH  # noqa: E402
 from deltasync.publisher import DeltaPublisher, PublisherConfig  # noqa: E402
+from deltasync.signing import RunKey, sign_manifest  # noqa: E402
 from deltasync.store import Store  # noqa: E402
 
 
@@ -70,9 +71,19 @@ class World:
     """One scenario: a bucket, a training thread, a replica, and what the fault did."""
 
     def __init__(
-        self, name: str, root: str, bits: dict, args, pub_store=None, rep_store=None, hub=None
+        self,
+        name: str,
+        root: str,
+        bits: dict,
+        args,
+        pub_store=None,
+        rep_store=None,
+        hub=None,
+        signed: bool = False,
     ):
         self.name, self.args, self.hub = name, args, hub
+        # a signed run: the trainer signs each manifest with the run key, the replica checks it
+        self.key = RunKey.generate() if signed else None
         slug = name.split()[0]
         if hub is None:
             self.bucket, opts, rep_opts = os.path.join(root, slug), {}, {}
@@ -89,6 +100,8 @@ class World:
         self.training = Training({n: a.copy() for n, a in bits.items()}, pub, args.interval_s)
         self.rep_store = rep_store(self.bucket) if rep_store else None
         loop_kw = dict(max_poll_interval_s=1.0) if hub else {}
+        if self.key is not None:
+            loop_kw["public_key"] = self.key.public_key
         self.replica = Replica(
             self.rep_store or (Store(self.bucket, **rep_opts) if hub else self.bucket),
             self.training,
@@ -109,7 +122,7 @@ class World:
         self.tap = LogTap("deltasync", "rollout", "trainer")
 
     def publisher(self, store, **cfg) -> DeltaPublisher:
-        pub = DeltaPublisher(store, config=replace(self.cfg, **cfg))
+        pub = DeltaPublisher(store, config=replace(self.cfg, **cfg), signer=self.key)
         pub.on_outage = self.outages.append
         return pub
 
@@ -548,6 +561,44 @@ def foreign_manifest(w: World) -> None:
     w.end()
 
 
+def forged_manifests(w: World) -> None:
+    """Row 15 (a signed run): someone who can write the bucket writes manifests over the
+    trainer's for a while, in turn: the newest one with a payload's SHA-256 changed after it was
+    signed, the same re-signed by their own key, and the same unsigned."""
+    m = manifest_of(w.store)
+    files = m.latest.delta.files if m.latest.delta else m.latest.anchor.files
+    ref = files[0].model_copy(update={"sha256": "0" * 64})
+    entry = m.latest.delta or m.latest.anchor
+    changed_entry = entry.model_copy(update={"files": [ref, *files[1:]]})
+    field = "delta" if m.latest.delta else "anchor"
+    latest = m.latest.model_copy(update={field: changed_entry})
+    changed = m.model_copy(update={"versions": [*m.versions[:-1], latest]})
+    forged = [
+        changed.to_json(),  # signature kept: does not verify
+        sign_manifest(
+            changed.model_copy(update={"signature": None}), RunKey.generate()
+        ).to_json(),  # another key's signature
+        changed.model_copy(update={"signature": None}).to_json(),  # unsigned
+    ]
+    w.hit(f"forged manifests of v{m.latest.version} written over the trainer's")
+    t_end = time.monotonic() + w.args.stale_s
+    writes = 0
+    while time.monotonic() < t_end:
+        w.store.write_bytes(MANIFEST_PATH, forged[writes % 3])
+        writes += 1
+        time.sleep(0.05)
+    w.end()
+    w.trainer_notes.append(f"{writes} forged manifests written")
+    refused = sorted(
+        {
+            name
+            for name in ("SignatureError", "ForeignKeyError", "UnsignedVersionError")
+            if any(name in r[2] for r in w.tap.records)
+        }
+    )
+    w.detect.append("replica refused: " + (", ".join(refused) or "nothing logged"))
+
+
 def killed_mid_anchor(w: World) -> None:
     """Row 12: the trainer dies between two parts of an anchor upload (no close, its lease left
     fresh); a restarted trainer takes the run over, removes the dead one's parts, resumes."""
@@ -634,6 +685,7 @@ FAULTS = {
     ),
     "enospc3": ("13 staging ENOSPC 3 syncs", lambda w: staging_full_disk(w, 3), {}),
     "apply": ("14 failed apply in the engine", failed_apply, {}),
+    "forged": ("15 forged manifests (signed run)", forged_manifests, dict(signed=True)),
 }
 SMOKE_FAULTS = ["enospc", "stale", "truncated", "outage", "killed", "apply"]
 HUB_FAULTS = {

@@ -51,7 +51,7 @@ def _serve_fakes(n: int, per_token_s: float, out) -> None:
 def _serve_router(urls: list[str], out) -> None:
     from trainer.fleet.pool import ReplicaPool
     from trainer.fleet.router import FleetRouter
-    from trainer.local.processes import free_port
+    from trainer.local.ports import free_port
 
     pool = ReplicaPool(urls, health_interval_s=5.0).start()
     out.send(FleetRouter(pool, wait_s=30.0, key=ROUTER_KEY).start(free_port()))

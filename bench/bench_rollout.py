@@ -66,7 +66,7 @@ def bench_size(size: str, deltas: int, density: float, root: str) -> dict:
     from deltasync.publisher import DeltaPublisher, PublisherConfig
     from deltasync.status import read_heartbeats
     from deltasync.store import Store
-    from trainer.local import processes
+    from trainer.local import children, replica_poll
     from trainer.task.tiny_model import checkpoint_tensors
 
     model = os.path.join(root, f"model-{size}")
@@ -77,17 +77,17 @@ def bench_size(size: str, deltas: int, density: float, root: str) -> dict:
     pub = DeltaPublisher(bucket, config=PublisherConfig(anchor_every=1000))
     pub.publish(list(bits.items()), step=0)
     pub.flush()
-    replica = processes.start_replica(bucket, model, root, replica_id=f"bench-{size}")
+    replica = children.start_replica(bucket, model, root, replica_id=f"bench-{size}")
     try:
         replica.wait_healthy(1800)
         deadline = time.monotonic() + 600
-        while processes.held_version(replica.url) != 0 and time.monotonic() < deadline:
+        while replica_poll.held_version(replica.url) != 0 and time.monotonic() < deadline:
             time.sleep(0.5)
         for v in range(1, deltas + 1):
             rl_step(bits, rng, density)
             pub.publish(list(bits.items()), step=v)
             pub.flush()
-            while processes.held_version(replica.url) != v and time.monotonic() < deadline:
+            while replica_poll.held_version(replica.url) != v and time.monotonic() < deadline:
                 time.sleep(0.1)
         pub.close()
         time.sleep(3)  # the next heartbeat carries the last record

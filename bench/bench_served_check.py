@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     from rollout.launch import served_dtype, start_vllm, stop_process, wait_healthy
     from rollout.staging import write_stage
     from rollout.sync_loop import SyncLoop
-    from trainer.local.processes import free_port
+    from trainer.local.ports import free_port
     from trainer.task.tiny_model import checkpoint_tensors, make_tiny_qwen3
 
     root = tempfile.mkdtemp(prefix="bench-check-")

@@ -36,10 +36,9 @@ sys.path.insert(0, str(REPO))  # the trainer package (run from anywhere)
 
 from report import parse_with_smoke, save, smoke_path  # noqa: E402
 
-from trainer.local import processes  # noqa: E402
-from trainer.task.evaluate import evaluate  # noqa: E402
+from trainer.local import children, log_policy  # noqa: E402
 from trainer.task.warm_start import WarmStartConfig, warm_start  # noqa: E402
-from trainer.task.wordle import TASK  # noqa: E402
+from trainer.task.wordle import TASK, evaluate  # noqa: E402
 from trainer.task.wordle_task import eval_seeds  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "warm_start.json"
@@ -88,12 +87,12 @@ def run(args: argparse.Namespace, work: str) -> None:
                 f"expected --set FIELD=VALUE with a WarmStartConfig field, found {item!r}"
             )
         overrides[name] = json.loads(value)
-    processes.quiet_libraries()
+    log_policy.quiet_libraries()
     logs = os.path.join(work, "logs")
     empty = os.path.join(work, "empty-bucket")
     os.makedirs(empty, exist_ok=True)
     rows = []
-    wordle = processes.start_env_server(TASK.server, logs)
+    wordle = children.start_env_server(TASK.server, logs)
     try:
         wordle.wait_healthy(120)
         for name in args.variants.split(","):
@@ -102,7 +101,7 @@ def run(args: argparse.Namespace, work: str) -> None:
             path, build_s = warm_start(args.cache, cfg)
             with open(os.path.join(path, "warm_start.json")) as f:
                 built = json.load(f)
-            replica = processes.start_replica(
+            replica = children.start_replica(
                 empty, path, logs, f"ablation-{name}", {"REQUIRE_SYNCED": "0"}
             )
             try:

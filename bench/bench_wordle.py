@@ -44,7 +44,7 @@ from websockets.asyncio.client import ClientConnection, connect
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the trainer package (run from anywhere)
 
-from trainer.local.processes import free_port  # noqa: E402
+from trainer.local.ports import free_port  # noqa: E402
 
 SPACE_DIR = REPO / "spaces" / "wordle-env"
 RESULTS = REPO / "bench" / "results" / "wordle.json"

@@ -3,14 +3,16 @@
 ``python -m tools.deploy_spaces`` (``make spaces``) with ``HF_TOKEN`` set:
 
 1. creates the bucket ``<owner>/<bucket>`` (``create_bucket``, private by default);
-2. creates the rollout (vLLM, GPU), Wordle and dashboard Spaces in ``<owner>``'s account as Docker
-   Spaces (``create_repo``), or duplicates them from ``--from-owner``'s Spaces (``duplicate_repo``),
+2. creates the rollout (vLLM, GPU), environment and dashboard Spaces in ``<owner>``'s account as
+   Docker Spaces (``create_repo``), or duplicates them from ``--from-owner``'s Spaces (``duplicate_repo``),
    private unless ``--public`` is given (clients then send ``Authorization: Bearer $HF_TOKEN``);
 3. sets each Space's secrets (``HF_TOKEN``; ``CONTROL_TOKEN`` for the rollout Space) and variables
    (``BUCKET``, ``MODEL``, ``POLL_INTERVAL_S``), then requests its hardware,
    with a sleep time (default 1 hour of inactivity) on paid hardware such as the rollout GPU;
-4. uploads each Space in the layout its Dockerfile expects: the Wordle Space's folder as it is (an
-   OpenEnv environment, its own build context); the rollout and dashboard Spaces together with the
+4. uploads each Space in the layout its Dockerfile expects: the environment Space's folder as it
+   is (an OpenEnv environment, its own build context: ``spaces/wordle-env``, or with ``--task``
+   (``make spaces TASK=...``) the task's ``Task.space``, named ``<prefix>-<task>``:
+   ``tools.env_space``); the rollout and dashboard Spaces together with the
    ``deltasync`` package they install (the repository root's layout): ``Dockerfile`` and
    ``README.md`` (front matter) at the Space root, ``pyproject.toml``, ``shared/deltasync/`` and
    ``spaces/<space>/``;
@@ -21,14 +23,18 @@ Tokens, least privilege first: ``HF_TOKEN`` (the deploy token) creates everythin
 ``DASHBOARD_HF_TOKEN`` (``--dashboard-token``, read-only is enough) where given. Without them the
 deploy token is reused and a warning says how to make a narrower one.
 
+``--only env`` (repeatable: rollout, env, dashboard) deploys only those Spaces, e.g. a changed
+environment; the bucket is created either way.
+
 ``--down`` (``make spaces-down``) pauses the rollout Space(s) so that they stop billing, and says
 how to restart them.
 
 ``--dry-run`` prints every Hub call it would make (secrets masked) and makes none. Secret values are
-never printed, logged or written, except the generated CONTROL_TOKEN, ROLLOUT_API_KEY and
-WORDLE_API_KEY, each kept in a 0600 file under ``runs/spaces/`` and reused by every later deploy
-(a public rollout or Wordle Space always gets its key; the printed ``make train`` line reads it
-from that file). Visibility: everything is private unless ``--public``; a deploy that finds a
+never printed, logged or written, except the generated CONTROL_TOKEN, ROLLOUT_API_KEY and the
+environment Space's key (WORDLE_API_KEY, or the task's ``<TASK NAME>_API_KEY``), each kept in a
+0600 file under ``runs/spaces/`` and reused by every later deploy (a public rollout or environment
+Space always gets its key; the printed ``make train`` line reads it from that file into the
+variable the trainer reads). Visibility: everything is private unless ``--public``; a deploy that finds a
 repo of the other visibility (``exist_ok`` leaves it as it was) sets it and says so.
 huggingface_hub is imported only when a deploy runs, so importing ``deltasync`` stays light.
 """
@@ -44,8 +50,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from trainer.task.base import ENV_KEY_VAR  # the trainer's variable of the environment's key
+
 from .space_config import FAILED_STAGES, MASK, DeployConfig, DeployError, SpaceSpec, parse_args
-from .space_plan import hub_calls, next_step, space_specs, token_warning
+from .space_plan import deployed, hub_calls, next_step, space_specs, token_warning
 from .space_stage import (
     HubCall,
     check_hardware,
@@ -187,26 +195,28 @@ class Deployer:
                 self._print(tag + call.render(staged))
                 if not dry_run:
                     self.api.upload_folder(folder_path=tmp, **call.kwargs)
-        specs = self.specs(owner)
+        specs = deployed(c, self.specs(owner))
         if not dry_run and c.wait:
             self.wait_running([f"{owner}/{s.name}" for s in specs])
         line = self.next_step(owner)
         urls = self.space_urls(owner)
         self._print()
+        width = max([len("dashboard"), *(len(s.key) for s in specs)])
         for s in specs:
             self._print(
-                f"{s.key:>9}: {urls[s.key]}  (https://huggingface.co/spaces/{owner}/{s.name})"
+                f"{s.key:>{width}}: {urls[s.key]}  (https://huggingface.co/spaces/{owner}/{s.name})"
             )
-        self._print(f"   bucket: hf://buckets/{owner}/{c.bucket_name}")
+        self._print(f"{'bucket':>{width}}: hf://buckets/{owner}/{c.bucket_name}")
         self._print("\nNext, train against them:\n")
         self._print(f"  {line}\n")
-        for var, key in (
-            ("ROLLOUT_API_KEY", c.rollout_api_key),
-            ("WORDLE_API_KEY", c.wordle_api_key),
+        for var, given, key in (
+            ("ROLLOUT_API_KEY", "ROLLOUT_API_KEY", c.rollout_api_key),
+            (ENV_KEY_VAR, c.env_space.key_variable, c.wordle_api_key),
         ):
             if key and var not in self.key_files:
                 self._print(
-                    f"(the trainer reads {var} from the environment: keep the one you gave)"
+                    f"(the trainer reads {var} from the environment: "
+                    + ("keep the one you gave)" if var == given else f"set it to your {given})")
                 )
         return line
 
@@ -266,32 +276,39 @@ class Deployer:
     def _keep_secrets(self, owner: str, dry_run: bool) -> None:
         """Fill in the secrets that were not given, each kept in a 0600 file under the state dir
         so that every deploy reuses it: the rollout Space's CONTROL_TOKEN always; its
-        ROLLOUT_API_KEY and the Wordle Space's WORDLE_API_KEY when the Spaces are public. A
+        ROLLOUT_API_KEY and the environment Space's key (WORDLE_API_KEY, another task's
+        ``<TASK NAME>_API_KEY``) when the Spaces are public; the ``make train`` line hands the
+        latter to the trainer as WORDLE_API_KEY. A
         private Space gets no key (the Hub lets only the owner's tokens reach it, and the
         trainer's ``Authorization`` carries the HF token there): one that an earlier public
         deploy gave a key has it deleted (:meth:`_drop_stale_keys`), the file kept for the next
         public deploy. A new one is saved before any Hub call that writes, so a failed deploy
-        cannot lose it. A dry run reads saved files and writes none."""
+        cannot lose it. A dry run reads saved files and writes none. A Space that ``--only``
+        leaves out gets none made: its saved key, if any, is read for the ``make train`` line
+        (the rollout's CONTROL_TOKEN, not needed then, is neither read nor saved)."""
         c = self.cfg
-        rollout, wordle = f"{c.prefix}-rollout", f"{c.prefix}-wordle"
-        if c.control_token is None:
+        env = c.env_space
+        rollout, env_name = f"{c.prefix}-rollout", f"{c.prefix}-{env.key}"
+        roles = set(c.only) or {"rollout", "env", "dashboard"}  # the Spaces deployed now
+        if c.control_token is None and "rollout" in roles:
             saved = os.path.exists(self._secret_path(owner, rollout, "CONTROL_TOKEN"))
             c.control_token, _ = self._kept_secret(owner, rollout, "CONTROL_TOKEN", True, dry_run)
             self.control_token_generated = not saved
         public = not c.private_spaces
-        for attr, space, var in (
-            ("rollout_api_key", rollout, "ROLLOUT_API_KEY"),
-            ("wordle_api_key", wordle, "WORDLE_API_KEY"),
+        for attr, role, space, var, trainer_var in (
+            ("rollout_api_key", "rollout", rollout, "ROLLOUT_API_KEY", "ROLLOUT_API_KEY"),
+            ("wordle_api_key", "env", env_name, env.key_variable, ENV_KEY_VAR),
         ):
             if not public:
-                if os.path.exists(self._secret_path(owner, space, var)):
+                if role in roles and os.path.exists(self._secret_path(owner, space, var)):
                     self.stale_keys.append((space, var))
                 setattr(c, attr, None)
             elif getattr(c, attr) is None:
-                key, path = self._kept_secret(owner, space, var, public, dry_run)
+                # a Space not deployed now keeps the key an earlier deploy saved (if any)
+                key, path = self._kept_secret(owner, space, var, role in roles, dry_run)
                 if key is not None:
                     setattr(c, attr, key)
-                    self.key_files[var] = path
+                    self.key_files[trainer_var] = path
 
     def _keep_run_key(self, dry_run: bool) -> None:
         """Set ``RUN_PUBLIC_KEY`` from the run key in ``<state_dir>/run_key.pem`` (the trainer's
@@ -457,7 +474,8 @@ class Deployer:
             if len(done) == len(repo_ids):
                 if tty:
                     self.out.write("\n")
-                self._print(f"all {len(repo_ids)} Spaces are RUNNING after {mmss(elapsed)}")
+                what = f"all {len(repo_ids)} Spaces are" if len(repo_ids) > 1 else "the Space is"
+                self._print(f"{what} RUNNING after {mmss(elapsed)}")
                 return
             if elapsed >= c.timeout_s:
                 if tty:

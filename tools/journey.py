@@ -36,7 +36,7 @@ from pathlib import Path
 from tools.local_hub.process import REPO, HubProcess
 
 # What a Space's variables cannot say on this machine: vLLM's CPU settings, as the local stack
-# starts its replica (trainer/local/processes.py start_replica); {PUBLIC_PORT} is the Space's
+# starts its replica (trainer/local/children.py start_replica); {PUBLIC_PORT} is the Space's
 # public port (its front, what the runtime's domains name), {PORT} the app's own.
 SMALL_RUN = (
     "--eval-episodes 8 --eval-every 0 --num-generations 4 --per-device-train-batch-size 8 "
@@ -54,12 +54,8 @@ class JourneyError(RuntimeError):
 def cpu_space_env(model: str) -> dict[str, str]:
     """The environment the local Hub adds to every Space: vLLM on this CPU (one process, eager,
     bounded threads), its context bound by the model, its public URL on loopback."""
-    from trainer.local.processes import (
-        OMP_WAIT,
-        cpu_threads,
-        local_max_model_len,
-        omp_waits_passive,
-    )
+    from trainer.local.children import local_max_model_len
+    from trainer.local.threads import OMP_WAIT, cpu_threads, omp_waits_passive
 
     return {
         "HOST": "127.0.0.1",

@@ -1,5 +1,7 @@
 """Settings of ``make spaces`` (``python -m tools.deploy_spaces``): the three Spaces, the deploy
-configuration and its command line. huggingface_hub is not imported here."""
+configuration and its command line. huggingface_hub is not imported here; the task whose
+environment Space is deployed (``--task``, ``make spaces TASK=...``) is resolved by
+``tools.env_space``."""
 
 from __future__ import annotations
 
@@ -36,6 +38,11 @@ _STAGE_IGNORE = (
 )
 
 
+# What ``--only`` may name: the rollout Space, the environment Space (Wordle's or the task's), the
+# dashboard.
+ROLES = ("rollout", "env", "dashboard")
+
+
 class DeployError(DeltaSyncError):
     """A deploy cannot start or a Space did not come up; the message says why and what to do."""
 
@@ -45,17 +52,19 @@ class SpaceSpec:
     """One Space to deploy.
 
     Attributes:
-        key: "rollout", "wordle" or "dashboard".
-        folder: the Space's folder relative to the repository root (``spaces/<name>``).
+        key: "rollout", the environment Space's (``tools.env_space.EnvSpace.key``: "wordle",
+            "number-guess", ...) or "dashboard".
+        folder: the Space's folder relative to the repository root (``spaces/<name>``, a task's
+            ``Task.space``) or absolute.
         name: the Space repo's name in the owner's account.
         hardware: the flavor to request (``SpaceHardware`` value, e.g. "l4x1", "cpu-basic").
         variables: Space variables (plain environment variables, visible on the Hub).
         secrets: Space secrets by name; values are never printed.
         sleep_time_s: seconds of inactivity before the Space sleeps (stops billing); -1:
             never; None: the Hub's default (free hardware sleeps after 48 h, paid never).
-        own_context: the folder is the whole Docker build context (the Wordle Space, an OpenEnv
-            environment that needs nothing else of the repository); otherwise the context is the
-            repository root (the Space installs the ``deltasync`` library from it).
+        own_context: the folder is the whole Docker build context (an environment Space, an
+            OpenEnv environment that needs nothing else of the repository); otherwise the context
+            is the repository root (the Space installs the ``deltasync`` library from it).
     """
 
     key: str
@@ -67,6 +76,11 @@ class SpaceSpec:
     sleep_time_s: int | None = None
     own_context: bool = False
 
+    @property
+    def role(self) -> str:
+        """``rollout``, ``env`` (the environment Space, whatever its key) or ``dashboard``."""
+        return self.key if self.key in ("rollout", "dashboard") else "env"
+
 
 @dataclass
 class DeployConfig:
@@ -77,11 +91,18 @@ class DeployConfig:
         owner: the account (user or org) to deploy into; None: the token's user (``whoami``).
         bucket: the bucket's name, or ``owner/name``; the run lives at the bucket's root.
         model: the model the rollout Space loads (its architecture must match the trainer's).
-        prefix: Space names are ``<prefix>-rollout``, ``<prefix>-wordle``, ``<prefix>-dashboard``.
+        task: the task whose environment Space is deployed (``TASK``: a name of
+            ``trainer.task.base.TASKS`` or ``package.module:NAME``; ``tools.env_space``): Wordle's
+            by default.
+        prefix: Space names are ``<prefix>-rollout``, ``<prefix>-<task>`` (``<prefix>-wordle``,
+            ``<prefix>-number-guess``), ``<prefix>-dashboard``.
         rollout_hardware: GPU flavor of the rollout Space (vLLM needs a GPU on Spaces).
-        wordle_hardware: flavor of the Wordle Space.
+        wordle_hardware: flavor of the environment Space (Wordle's or the task's).
         dashboard_hardware: flavor of the dashboard Space.
         from_owner: duplicate ``<from_owner>/<space name>`` instead of creating and uploading.
+        only: deploy only these Spaces (``--only``, of ``ROLES``: e.g. ``("env",)`` to redeploy a
+            changed environment); empty: all three. The bucket is created either way, and the
+            ``make train`` line names the others by their usual URLs.
         private_spaces: create private Spaces (the default: only the owner's tokens reach
             them, so clients send ``Authorization: Bearer $HF_TOKEN``); False (``--public``):
             anyone can reach them, and a public rollout Space lets anyone generate on its GPU.
@@ -98,8 +119,9 @@ class DeployConfig:
             ``/v1`` routes) when the Spaces are public; None: the saved or a new one, kept like
             the CONTROL_TOKEN (``<owner>--<rollout>.rollout_api_key``). A private Space gets
             none (one an earlier public deploy gave has it deleted).
-        wordle_api_key: the Wordle Space's WORDLE_API_KEY secret, the same way
-            (``<owner>--<wordle>.wordle_api_key``).
+        wordle_api_key: the environment Space's key secret (``WORDLE_API_KEY`` for Wordle,
+            ``<TASK NAME>_API_KEY`` for another task: ``tools.env_space``), the same way
+            (``<owner>--<space>.<variable in lower case>``).
         run_public_key: the run key's public key, the rollout Space's variable
             ``RUN_PUBLIC_KEY`` (the replica serves only versions it signed); None: the deploy
             makes the run key once (``<state_dir>/run_key.pem``, mode 0600) and reuses it.
@@ -122,11 +144,13 @@ class DeployConfig:
     owner: str | None = None
     bucket: str = "deltasync-run"
     model: str = DEFAULT_MODEL
+    task: str = "wordle"
     prefix: str = "deltasync"
     rollout_hardware: str = "l4x1"
     wordle_hardware: str = "cpu-basic"
     dashboard_hardware: str = "cpu-basic"
     from_owner: str | None = None
+    only: tuple[str, ...] = ()
     private_spaces: bool = True
     private_bucket: bool = True
     space_token: str | None = field(default=None, repr=False)
@@ -157,6 +181,11 @@ class DeployConfig:
             )
         if self.bucket.count("/") > 1 or not self.bucket.strip("/"):
             raise ValueError(f"expected --bucket NAME or OWNER/NAME, found {self.bucket!r}")
+        unknown = [r for r in self.only if r not in ROLES]
+        if unknown:
+            raise ValueError(f"expected --only among {', '.join(ROLES)}, found {unknown}")
+        if not self.task.strip():
+            raise ValueError("expected --task NAME (e.g. number_guess) or package.module:NAME")
         if "/" in self.bucket:
             owner, _ = self.bucket.split("/")
             if self.owner and self.owner != owner:
@@ -170,25 +199,35 @@ class DeployConfig:
     def bucket_name(self) -> str:
         return self.bucket.split("/")[-1]
 
+    @property
+    def env_space(self):
+        """The task's environment Space (``tools.env_space.env_space``; raises its
+        ``DeployError``)."""
+        from .env_space import env_space
+
+        return env_space(self.task)
+
 
 def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None) -> tuple:
     """(DeployConfig, dry_run, down) from flags, with ``HF_TOKEN``, ``SPACE_HF_TOKEN`` (or the
-    older ``SPACES_HF_TOKEN``), ``DASHBOARD_HF_TOKEN`` and ``CONTROL_TOKEN`` read from ``env``
-    (default ``os.environ``); ``--space-token``/``--dashboard-token`` win over the environment."""
+    older ``SPACES_HF_TOKEN``), ``DASHBOARD_HF_TOKEN``, ``CONTROL_TOKEN``, ``ROLLOUT_API_KEY``
+    and the environment Space's key (``WORDLE_API_KEY``, or the task's ``<TASK NAME>_API_KEY``)
+    read from ``env`` (default ``os.environ``); ``--space-token``/``--dashboard-token`` win over
+    the environment. A ``--task`` that cannot be loaded or has no Space is an argparse error."""
     env = os.environ if env is None else env
     d = DeployConfig()
     p = argparse.ArgumentParser(
         prog="python -m tools.deploy_spaces",
-        description="Create the bucket and the rollout, Wordle and dashboard Spaces on the "
-        "Hugging Face Hub (HF_TOKEN with write access), wait until they run, and print the "
+        description="Create the bucket and the rollout, environment (Wordle's, or --task's) and "
+        "dashboard Spaces on the Hugging Face Hub (HF_TOKEN with write access), wait until they run, and print the "
         "`make train` line; or with --down pause the rollout Space(s). SPACE_HF_TOKEN "
         "(optional, recommended): the token the Spaces get as their HF_TOKEN secret (read and "
         "write on the bucket only), default HF_TOKEN with a warning. DASHBOARD_HF_TOKEN "
         "(optional): a read-only token for the dashboard, default SPACE_HF_TOKEN. CONTROL_TOKEN "
         "(optional): the rollout Space's control token, default the one saved under "
         "runs/spaces/ by an earlier deploy, else a new one saved there. ROLLOUT_API_KEY and "
-        "WORDLE_API_KEY (optional): the keys of a public rollout and Wordle Space, kept the "
-        "same way.",
+        "WORDLE_API_KEY (optional; another task's: <TASK NAME>_API_KEY): the keys of a public "
+        "rollout and environment Space, kept the same way.",
     )
     p.add_argument("--dry-run", action="store_true", help="print every Hub call, make none")
     p.add_argument(
@@ -219,17 +258,32 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     p.add_argument("--owner", default=None, help="account to deploy into (default: the token's)")
     p.add_argument("--bucket", default=d.bucket, help="bucket NAME or OWNER/NAME")
     p.add_argument("--model", default=d.model, help="model the rollout Space serves")
+    p.add_argument(
+        "--task",
+        default=d.task,
+        help="the task whose environment Space is deployed (its Task.space): a name "
+        "(wordle, number_guess) or package.module:NAME (default: wordle)",
+    )
     p.add_argument("--prefix", default=d.prefix, help="Space names: PREFIX-rollout, ...")
     p.add_argument("--rollout-hardware", default=d.rollout_hardware, help="a GPU flavor")
     p.add_argument("--wordle-hardware", default=d.wordle_hardware)
     p.add_argument("--dashboard-hardware", default=d.dashboard_hardware)
     p.add_argument("--from-owner", default=None, help="duplicate OWNER's Spaces, no upload")
     p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        choices=ROLES,
+        help="deploy only this Space (repeatable; env: the environment Space), e.g. to redeploy "
+        "a changed environment; default: all three",
+    )
+    p.add_argument(
         "--public",
         action="store_true",
         help="create public Spaces (default: private, and a later deploy without --public "
-        "makes them private again); a public rollout and Wordle Space get a generated "
-        "ROLLOUT_API_KEY / WORDLE_API_KEY kept under runs/spaces/",
+        "makes them private again); a public rollout and environment Space get a generated "
+        "ROLLOUT_API_KEY / WORDLE_API_KEY (another task's: <TASK NAME>_API_KEY) kept under "
+        "runs/spaces/",
     )
     p.add_argument(
         "--private-spaces", action="store_true", help="create private Spaces (the default)"
@@ -256,16 +310,21 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     if a.public and a.private_spaces:
         p.error("--public and --private-spaces contradict each other; give one of them")
     try:
+        from .env_space import env_space
+
+        key_variable = env_space(a.task).key_variable
         cfg = DeployConfig(
             token=env.get("HF_TOKEN") or None,
             owner=a.owner,
             bucket=a.bucket,
             model=a.model,
+            task=a.task,
             prefix=a.prefix,
             rollout_hardware=a.rollout_hardware,
             wordle_hardware=a.wordle_hardware,
             dashboard_hardware=a.dashboard_hardware,
             from_owner=a.from_owner,
+            only=tuple(a.only),
             private_spaces=not a.public,
             private_bucket=not a.public_bucket,
             space_token=a.space_token
@@ -275,7 +334,7 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
             dashboard_token=a.dashboard_token or env.get("DASHBOARD_HF_TOKEN") or None,
             control_token=env.get("CONTROL_TOKEN") or None,
             rollout_api_key=env.get("ROLLOUT_API_KEY") or None,
-            wordle_api_key=env.get("WORDLE_API_KEY") or None,
+            wordle_api_key=env.get(key_variable) or None,
             poll_interval_s=a.poll_interval_s,
             sleep_time_s=a.sleep_time,
             rollout_spaces=tuple(a.rollout_space),
@@ -284,6 +343,6 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
             check_every_s=a.check_every_s,
             repo_root=a.repo_root,
         )
-    except ValueError as e:
+    except (ValueError, DeployError) as e:
         p.error(str(e))
     return cfg, a.dry_run, a.down

@@ -1,6 +1,7 @@
 """The plan of ``make spaces``, built from a :class:`DeployConfig` without touching the Hub: the
-three Spaces (names, hardware, variables, secrets), every Hub call in order, the warning about a
-reused deploy token, and the ``make train ...`` line printed at the end. The deployer in
+three Spaces (names, hardware, variables, secrets; the environment Space is the task's,
+``tools.env_space``), every Hub call in order, the warning about a reused deploy token, and the
+``make train ...`` line printed at the end. The deployer in
 ``deploy_spaces.py`` runs (or, in a dry run, prints) what is planned here."""
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from .space_stage import HubCall, space_url
 
 
 def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
-    """The rollout, Wordle and dashboard Spaces of ``owner``, in that order.
+    """The rollout, environment and dashboard Spaces of ``owner``, in that order.
 
     The rollout Space reads the bucket through ``BUCKET`` and gets ``HF_TOKEN`` and
     ``CONTROL_TOKEN`` secrets; the dashboard reads it through ``BUCKET`` with its own (read-only)
-    token where one is given; the Wordle Space needs neither. Paid hardware gets
-    ``cfg.sleep_time_s``; free hardware keeps the Hub's sleep time.
+    token where one is given; the environment Space (``cfg.env_space``: Wordle's, or the task's
+    ``Task.space``, its own build context) needs neither, only its key when it is public. Paid
+    hardware gets ``cfg.sleep_time_s``; free hardware keeps the Hub's sleep time.
 
     Raises:
         ValueError: ``cfg.control_token`` is None (``Deployer.specs`` generates one first).
+        DeployError: the task cannot be loaded or has no Space (``tools.env_space``).
     """
     if cfg.control_token is None:
         raise ValueError(
@@ -26,6 +29,7 @@ def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
             "call Deployer.specs, which generates one"
         )
     bucket = f"hf://buckets/{owner}/{cfg.bucket_name}"
+    env = cfg.env_space
     space_token = cfg.space_token or cfg.token or ""
     dashboard_token = cfg.dashboard_token or space_token
 
@@ -52,11 +56,11 @@ def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
             sleep(cfg.rollout_hardware),
         ),
         SpaceSpec(
-            "wordle",
-            "spaces/wordle-env",
-            f"{cfg.prefix}-wordle",
+            env.key,
+            env.folder,
+            f"{cfg.prefix}-{env.key}",
             cfg.wordle_hardware,
-            secrets={"WORDLE_API_KEY": cfg.wordle_api_key} if cfg.wordle_api_key else {},
+            secrets={env.key_variable: cfg.wordle_api_key} if cfg.wordle_api_key else {},
             sleep_time_s=sleep(cfg.wordle_hardware),
             own_context=True,
         ),
@@ -70,6 +74,12 @@ def space_specs(cfg: DeployConfig, owner: str) -> list[SpaceSpec]:
             sleep(cfg.dashboard_hardware),
         ),
     ]
+
+
+def deployed(cfg: DeployConfig, specs: list[SpaceSpec]) -> list[SpaceSpec]:
+    """The Spaces of ``specs`` this deploy creates and uploads: those ``cfg.only`` names (their
+    ``SpaceSpec.role``), all of them without it."""
+    return [s for s in specs if not cfg.only or s.role in cfg.only]
 
 
 def token_warning(cfg: DeployConfig, owner: str) -> str | None:
@@ -95,7 +105,7 @@ def token_warning(cfg: DeployConfig, owner: str) -> str | None:
 def hub_calls(cfg: DeployConfig, owner: str, specs: list[SpaceSpec]) -> list[HubCall]:
     """Every Hub call of the deploy, in order (the waiting that follows is not included).
 
-    The bucket first; then per Space: create (or, with ``cfg.from_owner``, duplicate) the repo,
+    The bucket first; then per Space (:func:`deployed`): create (or, with ``cfg.from_owner``, duplicate) the repo,
     its secrets, its variables, its hardware, and last its upload (not for a duplicate), so that
     the first build already has its secrets and variables.
     """
@@ -105,7 +115,7 @@ def hub_calls(cfg: DeployConfig, owner: str, specs: list[SpaceSpec]) -> list[Hub
             dict(bucket_id=f"{owner}/{cfg.bucket_name}", private=cfg.private_bucket, exist_ok=True),
         )
     ]
-    for s in specs:
+    for s in deployed(cfg, specs):
         repo_id = f"{owner}/{s.name}"
         if cfg.from_owner:
             create = HubCall(
@@ -154,21 +164,24 @@ def next_step(
     urls: dict[str, str] | None = None,
     key_files: dict[str, str] | None = None,
 ) -> str:
-    """The ``make train ...`` line that trains against the deployed Spaces and bucket.
+    """The ``make train ...`` line that trains against the deployed Spaces and bucket, with
+    ``TASK=...`` for a task other than Wordle.
 
-    ``urls``: the Spaces' URLs by key ("rollout", "wordle") as the Hub reports them
-    (``runtime_url``); a Space missing from it gets :func:`space_url`. ``key_files``: the
-    0600 files holding the keys the trainer must send, by variable (``ROLLOUT_API_KEY``,
-    ``WORDLE_API_KEY``): the line reads each from its file (``VAR="$(cat FILE)"``), so that no
-    key is printed."""
+    ``urls``: the Spaces' URLs by key ("rollout", the environment Space's) as the Hub reports
+    them (``runtime_url``); a Space missing from it gets :func:`space_url`. ``key_files``: the
+    0600 files holding the keys the trainer must send, by the variable the trainer reads
+    (``ROLLOUT_API_KEY``, ``WORDLE_API_KEY``): the line reads each from its file
+    (``VAR="$(cat FILE)"``), so that no key is printed."""
     urls = urls or {}
     names = {s.key: s.name for s in specs}
+    env = cfg.env_space
 
     def url(key: str) -> str:
         return urls.get(key) or space_url(owner, names[key])
 
     keys = "".join(f'{var}="$(cat {path})" ' for var, path in sorted((key_files or {}).items()))
+    task = "" if env.default else f"TASK={env.task} "
     return (
-        f"{keys}make train BUCKET={owner}/{cfg.bucket_name} "
-        f"VLLM_URL={url('rollout')} ENV_URL={url('wordle')} MODEL={cfg.model}"
+        f"{keys}make train {task}BUCKET={owner}/{cfg.bucket_name} "
+        f"VLLM_URL={url('rollout')} ENV_URL={url(env.key)} MODEL={cfg.model}"
     )

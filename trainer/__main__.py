@@ -5,7 +5,7 @@ import logging
 
 from trainer import shutdown
 from trainer.config import from_args
-from trainer.local.processes import quiet_libraries
+from trainer.local.log_policy import quiet_libraries
 from trainer.run import run
 
 

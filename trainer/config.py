@@ -88,35 +88,28 @@ __all__ = [  # the sections and their errors, re-exported for callers of the who
 
 log = logging.getLogger("trainer")
 
-# A hub model (or model folder) trained without CUDA: the learning run measured on a 2-core machine
-# (SmolLM2-135M-Instruct; docs/BENCHMARKS.md section 11, "Toward learning on 2 cores"), used for
-# every one of these flags not given on the command line or in the environment (``from_args``):
-# groups of 4 and 6,144 tokens a step (a 135 M-parameter model trains ~100-200 tokens a second
-# there, an episode is ~900 tokens), bf16 autocast over fp32 master weights where bf16 is native
-# (``deltasync.cpu_dtype``: AVX-512 BF16 or AMX, ~92 -> ~57-66 s a step; where it is emulated,
-# as on AVX2 alone, ``hub_cpu_defaults`` trains in float32: autocast was ~26x slower there),
-# 128 held-out games before and after (the paired SE ~0.013) and 32 every 10 steps,
-# turn-level credit (run L7: held-out valid guesses 0.47 -> 0.73 in 40 steps, where without it
-# they reached 0.54), and the game's own reward (``--reward game``, where the task pays it): run
-# G2 raised the held-out game's reward +0.058 +- 0.0068 (z 8.5) and valid guesses 0.47 -> 1.00
-# in 40 steps, where the best row's (``best``, L8-L10) reached z 2.7, 1.9 and -0.1. What G2 learned
-# is a valid, strong opening word and a stop, not reading the board; the same recipe stopped at 30
-# steps (V1) was still learning when to stop (+0.017 +- 0.013), so the run is 40 steps.
+# A hub model (or model folder) trained without CUDA takes these for every flag not given on the
+# command line or in the environment (``from_args``): the recipe that learned on a 2-core machine
+# (SmolLM2-135M-Instruct; docs/BENCHMARKS.md section 11, "Toward learning on 2 cores"; the runs that
+# chose each value: docs/JOURNAL.md, "The trainer's defaults and the runs behind them").
 HUB_CPU_DEFAULTS = {
+    # a 135 M-parameter model trains ~100-200 tokens a second on 2 cores and an episode is ~900
+    # tokens, so a step holds a few groups of 4
     "num_generations": 4,
     "per_device_train_batch_size": 8,
     "token_budget": 6144,
-    "autocast": True,  # where bf16 is native on this CPU; hub_cpu_defaults sets it
-    "max_steps": 40,
-    "eval_episodes": 128,
+    # bf16 autocast over fp32 master weights where bf16 is native on this CPU (faster there, ~26x
+    # slower where emulated); ``hub_cpu_defaults`` sets it from ``deltasync.cpu_dtype``
+    "autocast": True,
+    "max_steps": 40,  # the recipe was still learning when to stop at 30 steps
+    "eval_episodes": 128,  # a paired standard error of ~0.013 before against after
     "eval_every": 10,
     "eval_curve_episodes": 32,
-    "turn_credit": 1.0,
-    "reward": "game",
+    "turn_credit": 1.0,  # each call's own credit raised the held-out valid share the most
+    "reward": "game",  # the game's own reward gained the most on held-out games of those tried
 }
-# ... and full weights at 6e-5 there: in 40 steps the held-out valid guesses rose 0.45 -> 0.59 and
-# wrong-length moves halved (at 2e-5 nothing moved in 39 steps; at 1e-6, the GPU-scale default,
-# nothing in 3); an adapter keeps TrainConfig's own default.
+# ... and full weights at 6e-5 there: the smallest rate tried at which 40 steps on 2 cores moved the
+# held-out games (docs/JOURNAL.md); an adapter keeps TrainConfig's own default.
 HUB_CPU_FULL_LEARNING_RATE = 6e-5
 
 

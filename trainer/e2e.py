@@ -38,7 +38,7 @@ from transformers import TrainerCallback
 from deltasync.manifest import MANIFEST_PATH, Manifest
 from deltasync.status import read_heartbeats
 from trainer.config import TrainConfig
-from trainer.local import processes
+from trainer.local import children, log_policy, ports, replica_poll
 from trainer.run import run
 from trainer.stack import RunStack
 
@@ -83,7 +83,7 @@ class Faults(TrainerCallback):
         self.steps, self.late_at, self.kill_at, self.min_share = steps, late_at, kill_at, min_share
         self.ceiling_s = ceiling_s
         self._t_train: float | None = None
-        self.replica: processes.Child | None = None
+        self.replica: children.Child | None = None
         self.events: list[dict] = []
         self.killed_step: int | None = None
         self.urls: list[str] = []  # each start of the late replica (a restart gets a new port)
@@ -93,7 +93,7 @@ class Faults(TrainerCallback):
         log.info("e2e fault: %s at step %d %s", what, step, kw or "")
 
     def _start(self, step: int) -> None:
-        self.replica = processes.start_replica(
+        self.replica = children.start_replica(
             self.stack.bucket,
             self.stack.model_path,
             self.stack.logs_dir,
@@ -107,7 +107,7 @@ class Faults(TrainerCallback):
     def held(self) -> int | None:
         """The version the late replica serves (None: not up, or not synced yet)."""
         try:
-            return processes.held_version(self.replica.url)
+            return replica_poll.held_version(self.replica.url)
         except httpx.HTTPError:
             return None  # not up yet
 
@@ -219,7 +219,7 @@ def run_e2e(
         per_device_train_batch_size=8,
         token_budget=3072,
         dashboard=True,
-        dashboard_port=processes.free_port(),
+        dashboard_port=ports.free_port(),
         eval_episodes=16,
         eval_every=0,
         fleet_health_interval_s=1.0,
@@ -390,7 +390,7 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    processes.quiet_libraries()
+    log_policy.quiet_libraries()
     overrides = {k: v for k, v in (("adapter", a.adapter), ("model", a.model)) if v is not None}
     report = run_e2e(
         a.steps,

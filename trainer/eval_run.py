@@ -1,6 +1,6 @@
 """``make eval RUN=<run_id> SEEDS=<first>:<count>``: a finished run's held-out games before (its
 initial model) and after (its newest bucket version), each through a vLLM replica started here
-(the run's task plays them: ``Task.evaluate``). Reads the run's ``summary.json``; writes
+(the run's task plays them: ``Task.run_evaluation``). Reads the run's ``summary.json``; writes
 ``runs/<run>/eval-<first>-<count>.json``.
 """
 
@@ -11,7 +11,9 @@ import json
 import logging
 import os
 
-from trainer.local import processes
+from trainer.local.children import start_env_server, start_replica
+from trainer.local.log_policy import quiet_libraries
+from trainer.local.replica_poll import wait_version
 from trainer.settings import EvalSettings, GRPOSettings
 from trainer.task.base import EvalRequest, load_task
 
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    processes.quiet_libraries()
+    quiet_libraries()
     seeds = parse_seeds(args.seeds)
     run_dir = os.path.join(args.runs_root, args.run)
     info_path = os.path.join(run_dir, "summary.json")
@@ -58,11 +60,16 @@ def main(argv: list[str] | None = None) -> None:
     with open(info_path) as f:
         info = json.load(f)
     model, bucket = info["initial_model"], info["bucket"]
-    task = load_task(info.get("settings", {}).get("run", {}).get("task", "wordle"))
+    settings = info.get("settings", {})
+    task = load_task(settings.get("run", {}).get("task", "wordle"))
+    # the run's turns an episode (TRL's call cap), its default for a summary that lacks it
+    max_turns = settings.get("grpo", {}).get(
+        "max_tool_calling_iterations", GRPOSettings.max_tool_calling_iterations
+    )
     logs = os.path.join(run_dir, "logs", "eval")
     out, children = {}, []
     try:
-        env = processes.start_env_server(task.server, logs)
+        env = start_env_server(task.server, logs)
         children.append(env)
         env.wait_healthy(120)
         empty = os.path.abspath(os.path.join(run_dir, "eval-empty-bucket"))
@@ -71,14 +78,16 @@ def main(argv: list[str] | None = None) -> None:
             # "before": the initial model itself, from an empty bucket (served unsynced);
             # "after": a replica that follows the run's bucket to its newest version.
             extra = {"REQUIRE_SYNCED": "0"} if store == empty else info.get("replica_env", {})
-            replica = processes.start_replica(store, model, logs, f"eval-{label}", extra)
+            replica = start_replica(store, model, logs, f"eval-{label}", extra)
             name = info.get("adapter_name") if store != empty else None  # None: the served model
             children.append(replica)
             replica.wait_healthy(900)
             if store != empty:
-                processes.wait_version(replica.url, info["final_version"], 300)
-            request = EvalRequest(replica.url, model, env.url, name, args.max_tokens)
-            out[label] = task.evaluate(request, seeds, EvalSettings.temperature, per_seed=False)
+                wait_version(replica.url, info["final_version"], 300)
+            request = EvalRequest(
+                replica.url, model, env.url, name, args.max_tokens, max_turns=max_turns
+            )
+            out[label] = task.run_evaluation(request, seeds, EvalSettings.temperature)
             replica.stop()
     finally:
         for c in reversed(children):

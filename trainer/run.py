@@ -17,7 +17,7 @@ import time
 
 from trainer.config import TrainConfig
 from trainer.loop import ranks, trl_compat
-from trainer.loop.grpo import build_trainer
+from trainer.loop.grpo import Serving, build_trainer
 from trainer.loop.learning_curve import EvalEvery, HeldOutEvals
 from trainer.loop.metrics import BucketMetricsCallback, quiet_progress
 from trainer.loop.trained_weights import trained_weights
@@ -62,12 +62,14 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
             stack.env_url,
             weights.served_name,
             cfg.grpo.max_completion_length,
+            max_turns=cfg.grpo.max_tool_calling_iterations,
             headers=rollouts.headers,
             env_headers=stack.env_headers(),
         )
         evals = HeldOutEvals(cfg.eval, task, played_at, rollouts, record=metrics.add_eval)
         ranks.share_model_path(model_path)  # the other ranks build their trainers now
-        grpo = build_trainer(cfg.grpo, cfg.run, weights, model_path, task, rollouts, evals.before)
+        serving = Serving(rollouts, on_first_apply=evals.before)
+        grpo = build_trainer(cfg.grpo, cfg.run, weights, model_path, task, serving)
         metrics.tagger = grpo.tagger  # the training games and staleness of each step
         trainer = grpo.trainer
         trainer.add_callback(metrics)

@@ -25,9 +25,8 @@ _ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the replica's 
 _VERSIONED = re.compile(r".*-v[0-9]+")
 # Teacher games of the warm start of a hub model that has never been shown a tool
 # (``RunSettings.hub_warm_start_games``), whole games (``RunSettings.hub_warm_start_turns`` 6):
-# about 10 minutes of SFT for SmolLM2-135M on 2 cores, the warm start of every learning run from
-# L6 on (96 games cut to 3 calls, ~6 minutes: 32 of 32 sampled first calls parsed, 27 valid
-# words; ``trainer.task.hub_warm_start.HubWarmStartConfig``; docs/BENCHMARKS.md section 11).
+# about 10 minutes of SFT for SmolLM2-135M on 2 cores, after which nearly all its calls parse
+# (``trainer.task.hub_warm_start.HubWarmStartConfig``; docs/BENCHMARKS.md section 11).
 HUB_WARM_START_GAMES = 128
 
 
@@ -81,10 +80,9 @@ class RunSettings:
             else 0 (Qwen3 keeps its own tool calling).
         hub_warm_start_turns: calls kept of each teacher game in that warm start (the game is cut
             after the tool reply of the last one; ``HubWarmStartConfig.turns``, part of its cache
-            key). 6 (the default): whole games (~1,000 tokens; 128 games took ~600 s of SFT alone
-            on 2 cores, 1,998 s beside a CI run, and gave SmolLM2 a held-out valid share of
-            0.47 against 0.44 for 96 x 3); 3: the first calls, ~780 tokens a game
-            (docs/BENCHMARKS.md section 11, runs L5 and L6).
+            key). 6 (the default): whole games (~1,000 tokens), which teach the words of every
+            call, not only the first (docs/JOURNAL.md, "The trainer's defaults"); 3: the first
+            calls, ~780 tokens a game.
         runs_root: folder of local run folders (``<runs_root>/<run_id>``: model, bucket, logs).
         cache_dir: where warm-started models are cached (None: ``<runs_root>/cache``).
         output_dir: TRL's output folder (None: ``<run_dir>/trainer``).
@@ -313,7 +311,7 @@ class GRPOSettings:
             (AVX2 alone): a hub model without CUDA gets it on only where it is native.
         off_policy: how stale samples are weighed (``trainer.loop.off_policy``): ``off`` (TRL's
             objective; the default: the best measured at every lag of the lag x mode table,
-            docs/BENCHMARKS.md section 12 (catch-up against lag), and it costs no recomputation), ``tis`` (truncated
+            docs/BENCHMARKS.md section 15, and it costs no recomputation), ``tis`` (truncated
             importance weight on the trainer-inference mismatch), ``decoupled`` (PPO's ratio
             against the generating version, rebuilt from the bucket, times that weight).
         tis_cap: the truncation of the mismatch weight (Yao et al. 2025: 2).

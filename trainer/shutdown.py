@@ -6,7 +6,7 @@ The first SIGTERM (or SIGINT) logs one line and unwinds the main thread as Ctrl-
 publisher flushes. Unwinding can wait on work that does not look at signals: a thread pool's
 ``with`` block waits for its games, a forward runs to its end. So a watchdog started by the same
 signal ends the process ``grace_s`` seconds later in any case: the process group of every child
-this process started is killed (``trainer.local.processes.kill_started_children``), and every
+this process started is killed (``trainer.local.children.kill_started_children``), and every
 process a library spawned through ``multiprocessing`` (TRL's rollout worker), and the process
 exits with the same code, without running the interpreter's shutdown (which would print the
 threads' tracebacks). A second signal does the same at once; a stop that unwinds before any child
@@ -76,7 +76,7 @@ def _kill_children() -> None:
     this process's group and would outlive it, holding its output pipes."""
     import multiprocessing
 
-    from trainer.local.processes import kill_started_children
+    from trainer.local.children import kill_started_children
 
     kill_started_children()
     for child in multiprocessing.active_children():

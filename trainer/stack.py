@@ -24,7 +24,7 @@ from deltasync.store import Store
 from trainer.config import TrainConfig
 from trainer.fleet.pool import ReplicaPool, parse_vllm_urls
 from trainer.fleet.router import FleetRouter
-from trainer.local import processes
+from trainer.local import children, log_policy, ports, threads
 from trainer.loop.rollouts import Rollouts
 from trainer.loop.trained_weights import FullWeights
 from trainer.task.base import ENV_KEY_VAR, ENV_URL_VAR, REWARD_VAR, Task, TaskError
@@ -65,7 +65,7 @@ class RunStack(contextlib.AbstractContextManager):
         self.logs_dir = os.path.join(cfg.run.run_dir, "logs")
         self.store: Store | None = None
         self.model_path: str | None = None
-        self.children: list[processes.Child] = []
+        self.children: list[children.Child] = []
         self.publisher: DeltaPublisher | None = None
         self.signer = None  # the run key (deltasync.signing.RunKey) once the publisher started
         self.env_url: str | None = cfg.fleet.env_url
@@ -77,7 +77,7 @@ class RunStack(contextlib.AbstractContextManager):
     def __enter__(self) -> RunStack:
         os.makedirs(self.cfg.run.run_dir, exist_ok=True)
         try:
-            file_log = processes.log_to_file(os.path.join(self.logs_dir, "trainer.log"))
+            file_log = log_policy.log_to_file(os.path.join(self.logs_dir, "trainer.log"))
             self._exit.callback(file_log.close)
             self._exit.callback(logging.getLogger().removeHandler, file_log)
             link = link_for(self.cfg.run.net)  # NET: the bucket behind a simulated network
@@ -91,7 +91,7 @@ class RunStack(contextlib.AbstractContextManager):
     def __exit__(self, *exc) -> None:
         self._exit.close()
 
-    def add_child(self, child: processes.Child) -> processes.Child:
+    def add_child(self, child: children.Child) -> children.Child:
         """Adopt a started child process: it is stopped when the stack closes."""
         self.children.append(child)
         self._exit.callback(child.stop)
@@ -118,7 +118,7 @@ class RunStack(contextlib.AbstractContextManager):
         the publisher; the served version; the router's per-sample versions).
 
         Raises:
-            trainer.local.processes.ChildFailedError: a child exited or stayed unhealthy for
+            trainer.local.children.ChildFailedError: a child exited or stayed unhealthy for
                 ``CHILD_START_TIMEOUT_S``.
         """
         cfg = self.cfg
@@ -130,7 +130,7 @@ class RunStack(contextlib.AbstractContextManager):
                     "naming its environment server, found none"
                 )
             self.env_url = self.add_child(
-                processes.start_env_server(self.task.server, self.logs_dir)
+                children.start_env_server(self.task.server, self.logs_dir)
             ).url
         os.environ[ENV_URL_VAR] = self.env_url  # read by the task's client in TRL's rollout process
         os.environ[REWARD_VAR] = cfg.grpo.reward or ""  # ... and the episode reward it pays
@@ -141,16 +141,16 @@ class RunStack(contextlib.AbstractContextManager):
         fixed_urls, discover = parse_vllm_urls(cfg.fleet.vllm_url)
         if not fixed_urls and not discover and cfg.run.local:  # one replica of our own
             if not torch.cuda.is_available():  # the warm start had every core; now share them
-                torch.set_num_threads(processes.cpu_threads()[0])
-            replica = processes.start_replica(
+                torch.set_num_threads(threads.cpu_threads()[0])
+            replica = children.start_replica(
                 self.bucket, model_path, self.logs_dir, extra_env=self.replica_env()
             )
             fixed_urls, discover = [self.add_child(replica).url], True  # late ones join
         elif not fixed_urls:  # a bucket and no VLLM_URL: every replica that follows it
             discover = True
         if cfg.local.dashboard and cfg.run.local:
-            port = processes.port_or_free(cfg.local.dashboard_port)
-            self.add_child(processes.start_dashboard(self.bucket, port, self.logs_dir))
+            port = ports.port_or_free(cfg.local.dashboard_port)
+            self.add_child(children.start_dashboard(self.bucket, port, self.logs_dir))
             log.info("dashboard: http://127.0.0.1:%d", port)
         if publisher_hook is not None:
             publisher_hook(self)
@@ -220,7 +220,7 @@ class RunStack(contextlib.AbstractContextManager):
         ).start()
         self._exit.callback(self.pool.stop)
         self.router = FleetRouter(self.pool, wait_s=fleet.wait_s)  # with a new key of this run
-        url = self.router.start(processes.free_port())
+        url = self.router.start(ports.free_port())
         self._exit.callback(self.router.stop)
         log.info("rollout fleet behind %s: %s", url, self.pool.describe())
         return url

@@ -95,7 +95,7 @@ def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
 
 
 # trainer/'s layers, lowest first: a module imports its own layer or lower ones, never higher
-# (README's tree says what each holds). The task knows nothing of the run; the config composes the
+# (docs/LAYOUT.md says what each holds). The task knows nothing of the run; the config composes the
 # parts' settings; the fleet and the local children know nothing of TRL; the loop is TRL and what
 # the run adds to it; the stack, the starting point and the summary assemble; run() tells the
 # story; the entry points (make train, make e2e, make eval) and their signal handling drive it.

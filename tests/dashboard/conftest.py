@@ -273,3 +273,86 @@ def adapter_bucket(tmp_path) -> Iterator[tuple[str, RunRecorder]]:
         rec.step()
     rec.close()
     yield uri, rec
+
+
+def number_guess_metrics(run_id: str, versions: list[int], seed: int = 0) -> TrainerMetrics:
+    """The trainer's metrics of a run of the number-guess example task (``examples/number_guess``)
+    over ``versions`` (version v is step v): its declared figures (``Task.figures``), each step's
+    figures made by its own ``step_figures`` from the ``episode_counts`` of 8 games played by its
+    local model's teacher (``teacher_game``), and evaluations of 16 such games at step 0
+    ("before") and at the last step ("after"), their blocks made by the generic evaluation's
+    ``tool_block`` with the task's ``eval_figures``; as the trainer records them."""
+    import random
+    from types import SimpleNamespace
+
+    from examples.number_guess.local_model import LocalModelConfig, teacher_game
+    from examples.number_guess.task import TASK
+    from trainer.task.tool_eval import tool_block
+
+    rng = random.Random(seed)
+
+    def games(n: int, binary_search: float) -> list[list[dict]]:
+        cfg = LocalModelConfig(binary_search=binary_search)
+        return [teacher_game(rng, cfg)[2:] for _ in range(n)]  # the messages after the prompt
+
+    def counts(played: list[list[dict]]) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for messages in played:
+            for k, v in TASK.episode_counts(messages).items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+    def evaluation(label: str, step: int, binary_search: float) -> EvalResult:
+        played = games(16, binary_search)
+        episodes = [
+            SimpleNamespace(
+                messages=m,
+                reward=1.0 if TASK.episode_counts(m)["solved"] else rng.uniform(0, 0.5),
+                turns=sum(x["role"] == "assistant" for x in m),
+                calls=sum(x["role"] == "tool" for x in m),
+                tool_errors=0,
+            )
+            for m in played
+        ]
+        block = tool_block(episodes, TASK.eval_figures(episodes))
+        own = ("episodes", "reward_mean", "reward_se")
+        figures = {k: v for k, v in block.items() if k not in own and v is not None}
+        return EvalResult(
+            label=label, step=step, version=step, figures=figures, **{k: block[k] for k in own}
+        )
+
+    metrics = TrainerMetrics(run_id=run_id, figures=list(TASK.figures))
+    for v in versions[1:]:
+        played = games(8, binary_search=v / len(versions))  # it learns binary search
+        metrics.steps.append(
+            StepMetrics(
+                step=v,
+                version=v,
+                time=time.time(),
+                reward=round(rng.uniform(0.3, 0.8), 4),
+                games=len(played),
+                figures={
+                    k: x
+                    for k, x in TASK.step_figures(counts(played), len(played)).items()
+                    if x is not None
+                },
+            )
+        )
+    metrics.evals = [evaluation("before", 0, 0.2), evaluation("after", versions[-1], 0.8)]
+    metrics.updated_at = time.time()
+    return metrics
+
+
+@pytest.fixture
+def number_guess_bucket(tmp_path) -> Iterator[tuple[str, TrainerMetrics]]:
+    """A finished recording (6 versions, replicas r0 and r1) of a number-guess run: its weights
+    published as in ``recorded_bucket``, its metrics :func:`number_guess_metrics`. Yields (uri,
+    metrics)."""
+    uri = str(tmp_path / "number-guess-bucket")
+    rec = RunRecorder(uri, run_id="number-guess")
+    for _ in range(6):
+        rec.step()
+    rec.close()
+    metrics = number_guess_metrics("number-guess", list(range(6)))
+    Store(uri).write_bytes(TRAINER_METRICS_PATH, metrics.model_dump_json().encode())
+    yield uri, metrics

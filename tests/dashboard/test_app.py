@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from dashboard.data import BucketReader
-from trainer.local.processes import free_port
+from trainer.local.ports import free_port
 
 # pandas 3 deprecations raised inside gradio's own code (not ours)
 pytestmark = pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning")

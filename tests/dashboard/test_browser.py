@@ -347,3 +347,38 @@ def test_public_page_names_each_fault(tmp_path, recorded_bucket, adapter_bucket,
         assert "Held adapter version" in text and "held_adapter_version" not in text
         _assert_headers_read_whole(page, adapter=True)
         _assert_titles_fit(page, adapter=True)
+
+
+def test_another_tasks_own_figures_are_on_the_page(tmp_path, number_guess_bucket, page):
+    """A run of the number-guess example task: the summary names each evaluation's headline
+    figures under the task's labels ("solved", "follows the feedback"), the learning curve draws
+    them, for the evaluations and the training steps, and nothing of Wordle's is shown."""
+    uri, metrics = number_guess_bucket
+    with dashboard(uri, tmp_path) as url:
+        page.call("Page.navigate", url=url)
+        last = {}
+
+        def probe():
+            last.update(page.evaluate(PROBE) or {})
+            legend = set(last.get("plots", {}).get("plot-curve", {}).get("legend", []))
+            return "eval after" in last.get("summary", "") and len(legend) >= 5
+
+        _wait(probe, 60, "the number-guess run's evaluations and learning curve", lambda: last)
+        for e in metrics.evals:
+            solved, follows = e.figures["solved_rate"], e.figures["consistent_rate"]
+            assert (
+                f"eval {e.label} (step {e.step}, {e.episodes} games): reward {e.reward_mean:.3f} "
+                f"± {e.reward_se:.3f} (SE), solved {100 * solved:.0f}%, follows the feedback "
+                f"{100 * follows:.0f}%"
+            ) in last["summary"]
+        legend = set(last["plots"]["plot-curve"]["legend"])
+        assert legend == {
+            "reward",
+            "solved",
+            "follows the feedback",
+            "solved (train)",
+            "follows the feedback (train)",
+        }
+        text = page.evaluate("document.body.innerText")
+        assert "win rate" not in text and "consistent" not in " ".join(legend)
+        _assert_titles_fit(page, adapter=False)

@@ -3,7 +3,7 @@ tree built.
 
 The general part (parsing, the image's file tree, its environment and command) lives in
 ``tools/local_hub/docker_image.py``, which the local Hub's Space runner uses too; this module names
-the three Spaces of this repository and their build contexts. ``build_image`` builds the image's
+the Spaces of this repository (and of the example task) and their build contexts. ``build_image`` builds the image's
 file tree under a temporary root from what the COPY lines copy (so a file the image lacks is
 missing here too), and hides this checkout's editable ``deltasync`` (and ``spaces/``) from the
 processes run in it (a ``sitecustomize`` takes them off ``sys.path``), so only the copied files can
@@ -33,6 +33,7 @@ SPACES = {
     "dashboard": "spaces/dashboard",
     "rollout": "spaces/vllm-rollout",
     "wordle": "spaces/wordle-env",
+    "number_guess": "examples/number_guess/space",  # the example task's own Space
 }
 # This checkout's editable install: hidden from the image's processes.
 CHECKOUT_PATHS = [os.path.join(REPO_ROOT, d) for d in ("shared", "spaces")]

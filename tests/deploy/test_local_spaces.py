@@ -19,7 +19,7 @@ from fastapi import FastAPI, HTTPException, Request
 
 from tools.local_hub.spaces import spaces_router
 from tools.space_stage import stage_space
-from trainer.local.processes import free_port
+from trainer.local.ports import free_port
 
 from .conftest import REPO_ROOT
 

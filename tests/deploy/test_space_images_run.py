@@ -23,7 +23,7 @@ import urllib.request
 
 import pytest
 
-from trainer.local.processes import free_port
+from trainer.local.ports import free_port
 
 from .dockerfile_image import Image
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.local.processes import free_port
+from trainer.local.ports import free_port
 
 SPACE_DIR = Path(__file__).resolve().parents[2] / "spaces" / "vllm-rollout"
 STARTUP_TIMEOUT_S = 420.0
@@ -48,7 +48,7 @@ class VLLMServer:
 # Every test vLLM server runs eager (no compile step) with its engine in the server's own process
 # (no worker process to spawn and import, none spinning on its message queue while idle): on the
 # 2-core machine the tiny model is healthy after ~18 s instead of ~27 s. The local replicas of
-# make train run the same way (trainer/local/processes.py).
+# make train run the same way (trainer/local/children.py).
 VLLM_TEST_ARGS = ["--enforce-eager", "--distributed-executor-backend", "uni"]
 
 

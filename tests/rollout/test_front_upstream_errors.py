@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 
 from rollout.server import create_app
-from trainer.local.processes import free_port
+from trainer.local.ports import free_port
 
 
 class DroppingUpstream:

@@ -17,7 +17,7 @@ import pytest
 
 from deltasync.status import read_heartbeats
 from deltasync.store import Store
-from trainer.local import processes
+from trainer.local import children, replica_poll
 
 from .conftest import STARTUP_TIMEOUT_S
 from .rollout_helpers import Trainer, generate
@@ -44,10 +44,10 @@ def test_the_converted_model_follows_pretrained_deltas_behind_the_front(real_mod
     bucket = str(tmp_path / "bucket")
     tr = Trainer(real_model_dir, bucket, seed=3)
     v0 = tr.publish()
-    replica = processes.start_replica(bucket, real_model_dir, str(tmp_path / "logs"), "real")
+    replica = children.start_replica(bucket, real_model_dir, str(tmp_path / "logs"), "real")
     try:
         replica.wait_healthy(STARTUP_TIMEOUT_S)
-        processes.wait_version(replica.url, v0, 300)
+        replica_poll.wait_version(replica.url, v0, 300)
         # the pretrained model, served as converted: it knows the answer. Not its greedy text:
         # on a CPU with bf16 kernels (avx512_bf16) vLLM's first token of the answer flipped from
         # "The" to "L" against transformers' (prompt log-probabilities within ~0.1 of each other)
@@ -56,7 +56,7 @@ def test_the_converted_model_follows_pretrained_deltas_behind_the_front(real_mod
         first_top5 = before[0][2][0]
         assert "Paris" in before[0][0][0] or any("Paris" in t for t in first_top5), before[0][:3]
         v = tr.publish_many(3)  # deltas of q/k_proj, up/gate_proj, norms and the tied embedding
-        processes.wait_version(replica.url, v, 300)
+        replica_poll.wait_version(replica.url, v, 300)
         beat = read_heartbeats(Store(bucket))["real"]
         assert beat.held_version == v and beat.errors == 0 and beat.last_error is None
         assert {r.kind for r in beat.recent} >= {"delta"}

@@ -21,10 +21,10 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def wordle_url(tmp_path_factory):
     """The real Wordle server (the task's own ``EnvServer``) on a loopback port, one a module."""
-    from trainer.local import processes
+    from trainer.local import children
     from trainer.task import wordle
 
-    child = processes.start_env_server(wordle.TASK.server, str(tmp_path_factory.mktemp("logs")))
+    child = children.start_env_server(wordle.TASK.server, str(tmp_path_factory.mktemp("logs")))
     try:
         child.wait_healthy(120)
         yield child.url
@@ -38,3 +38,13 @@ def uri(request, tmp_path):
     if request.param == "memory":
         return f"memory://transfer-{uuid.uuid4().hex[:8]}"
     return str(tmp_path / "bucket")
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(real_model_dir, tmp_path_factory) -> str:
+    """The real model with the tool template a run gives it (TRL's ChatML tool template,
+    ``trainer.task.chat_format.with_tool_template``), whose tool calls TRL's response parser
+    reads: what a run's evaluation renders and parses with."""
+    from trainer.task.chat_format import with_tool_template
+
+    return with_tool_template(real_model_dir, str(tmp_path_factory.mktemp("tools") / "smol"))

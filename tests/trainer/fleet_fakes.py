@@ -9,7 +9,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from trainer.local.processes import free_port
+from trainer.local.ports import free_port
 
 
 class _Server(ThreadingHTTPServer):

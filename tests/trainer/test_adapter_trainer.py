@@ -14,7 +14,7 @@ from deltasync.publisher import DeltaPublisher
 from deltasync.subscriber import DeltaSubscriber, HeldWeights
 from trainer.config import TrainConfig
 from trainer.loop import adapter, trl_compat
-from trainer.loop.grpo import build_trainer
+from trainer.loop.grpo import Serving, build_trainer
 from trainer.loop.rollouts import Rollouts
 from trainer.loop.trained_weights import trained_weights
 
@@ -52,7 +52,7 @@ def test_trls_sync_publishes_the_adapter_and_leaves_the_base(tmp_path, monkeypat
         served_version=lambda: 10**6,
     )
     trainer, transfer, tagger = build_trainer(
-        cfg.grpo, cfg.run, weights, folder, cfg.task(), rollouts, first.append
+        cfg.grpo, cfg.run, weights, folder, cfg.task(), Serving(rollouts, first.append)
     )
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}

@@ -19,6 +19,7 @@ from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
 from deltasync.store import Store
 from deltasync.subscriber import DeltaSubscriber, HeldWeights
+from trainer.loop import metrics as metrics_module
 from trainer.loop.bucket_transfer import BucketWeightTransfer
 from trainer.loop.metrics import BucketMetricsCallback
 from trainer.summary import bucket_summary
@@ -52,7 +53,9 @@ def streamed(m, timeout_s: float = 10.0):
     return items(), producer
 
 
-def test_skipped_syncs_read_the_stream_number_versions_without_gaps_and_follow_bit_for_bit(uri):
+def test_skipped_syncs_read_the_stream_number_versions_without_gaps_and_follow_bit_for_bit(
+    uri, monkeypatch
+):
     cfg = PublisherConfig(
         adaptive_cadence=True,
         hub_plan=PLAN,
@@ -67,6 +70,8 @@ def test_skipped_syncs_read_the_stream_number_versions_without_gaps_and_follow_b
     waited = []
     t = BucketWeightTransfer(pub, step_fn=lambda: step, first_apply_fn=waited.append)
     cb = BucketMetricsCallback(Store(uri), "run", pub)
+    lines: list[str] = []  # the terminal's step lines
+    monkeypatch.setattr(metrics_module.tqdm, "write", lines.append)
     sub, held = DeltaSubscriber(uri), HeldWeights()
     at_version: dict[int, dict] = {}  # version -> the trainer's bits at the sync that published it
     published_at: list[int] = []  # the syncs that published
@@ -121,6 +126,8 @@ def test_skipped_syncs_read_the_stream_number_versions_without_gaps_and_follow_b
     assert len(steps) == 120
     assert steps[0].publish_every == 1 and steps[-1].publish_every == k
     assert {s.publish_every for s in steps} <= set(pub.cadence.ks)
+    # the terminal's step line says the cadence each step
+    assert len(lines) == 120 and lines[-1].endswith(f" every={k}"), lines[-1]
     assert [s.version for s in steps][-1] == t.last_version
     summary = bucket_summary(Store(uri), pub, lambda: t.last_version)
     assert summary["versions_published"] == versions

@@ -8,13 +8,11 @@ the end-to-end runs)."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -23,70 +21,59 @@ from trainer.loop.rollouts import Rollouts
 from trainer.settings import EvalConfigError, EvalSettings
 from trainer.task import wordle
 from trainer.task.base import EvalRequest
-from trainer.task.evaluate import EpisodeResult, evaluate, sampling_seed, summarize
+from trainer.task.eval_http import sampling_seed
+from trainer.task.evaluate import EpisodeResult, summarize
 from trainer.task.wordle_task import EpisodeStats, eval_seeds
 from wordle_env import wordlists
+
+from .completions_stub import completions_server
 
 GAMES = 12
 INFLIGHT = {"now": 0, "peak": 0}  # requests the stand-in replica holds at once
 
 
 @pytest.fixture(scope="module")
-def seeded_replica(real_model_dir):
+def seeded_replica(tool_model_dir):
     """A ``/v1/completions`` server whose guess is drawn from the request's ``seed`` (a real or
     a 6-letter word, so some moves are invalid); yields ``(url, seeds it was sent)``."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
     words = [*wordlists.answers()[:300], "planet", "stream"]
     sent: list[int] = []
     lock = threading.Lock()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with lock:
-                sent.append(payload["seed"])
-                INFLIGHT["now"] += 1
-                INFLIGHT["peak"] = max(INFLIGHT["peak"], INFLIGHT["now"])
-            time.sleep(0.02)  # long enough for concurrent games to overlap
-            with lock:
-                INFLIGHT["now"] -= 1
-            word = random.Random(payload["seed"]).choice(words)
-            text = f'<tool_call>{{"name": "guess", "arguments": {{"word": "{word}"}}}}</tool_call>'
-            ids = tokenizer.encode(text, add_special_tokens=False)
-            body = json.dumps({"choices": [{"token_ids": ids, "text": text}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(payload: dict) -> str:
+        with lock:
+            sent.append(payload["seed"])
+            INFLIGHT["now"] += 1
+            INFLIGHT["peak"] = max(INFLIGHT["peak"], INFLIGHT["now"])
+        time.sleep(0.02)  # long enough for concurrent games to overlap
+        with lock:
+            INFLIGHT["now"] -= 1
+        word = random.Random(payload["seed"]).choice(words)
+        return f'<tool_call>{{"name": "guess", "arguments": {{"word": "{word}"}}}}</tool_call>'
 
-        def log_message(self, *args):  # a quiet terminal
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", sent
-    server.shutdown()
+    with completions_server(answer, tokenizer) as url:
+        yield url, sent
 
 
 def _play(replica, env_url, model_dir, draw):
     url, sent = replica
     sent.clear()
     seeds = eval_seeds(count=GAMES)
-    block = evaluate(
+    block = wordle.evaluate(
         url, model_dir, env_url, seeds, 64, 1.0, per_seed=True, model_name="m", draw=draw
     )
     return block, list(sent)
 
 
 def test_draw_zero_replays_and_another_draw_samples_other_moves_on_the_same_games(
-    seeded_replica, wordle_url, real_model_dir
+    seeded_replica, wordle_url, tool_model_dir
 ):
-    first, sent0 = _play(seeded_replica, wordle_url, real_model_dir, 0)
-    again, _ = _play(seeded_replica, wordle_url, real_model_dir, 0)
-    other, sent1 = _play(seeded_replica, wordle_url, real_model_dir, 1)
+    first, sent0 = _play(seeded_replica, wordle_url, tool_model_dir, 0)
+    again, _ = _play(seeded_replica, wordle_url, tool_model_dir, 0)
+    other, sent1 = _play(seeded_replica, wordle_url, tool_model_dir, 1)
     # draw 0 sends the seeds every earlier evaluation sent, and replays the same games
     firsts = {s * 16 for s in eval_seeds(count=GAMES)}
     assert firsts <= set(sent0) and all(x // 16 in eval_seeds(count=GAMES) for x in sent0)
@@ -97,12 +84,12 @@ def test_draw_zero_replays_and_another_draw_samples_other_moves_on_the_same_game
     assert (first["episodes"], other["episodes"]) == (GAMES, GAMES)
 
 
-def test_the_run_pools_its_draws_game_by_game(seeded_replica, wordle_url, real_model_dir):
+def test_the_run_pools_its_draws_game_by_game(seeded_replica, wordle_url, tool_model_dir):
     """``HeldOutEvals`` with two draws: each game's reward is its mean over the draws, the
     standard error is over the games, and the counts cover every play."""
-    one = [_play(seeded_replica, wordle_url, real_model_dir, d)[0] for d in (0, 1)]
+    one = [_play(seeded_replica, wordle_url, tool_model_dir, d)[0] for d in (0, 1)]
     recorded = []
-    target = EvalRequest(seeded_replica[0], real_model_dir, wordle_url, "m", 64)
+    target = EvalRequest(seeded_replica[0], tool_model_dir, wordle_url, "m", 64)
     evals = HeldOutEvals(
         EvalSettings(episodes=GAMES, draws=2),
         wordle.TASK,
@@ -130,11 +117,11 @@ def test_the_run_pools_its_draws_game_by_game(seeded_replica, wordle_url, real_m
 
 @pytest.mark.parametrize("serving", [1, 2])
 def test_an_evaluation_sends_each_serving_replica_at_most_its_share_at_once(
-    seeded_replica, wordle_url, real_model_dir, serving
+    seeded_replica, wordle_url, tool_model_dir, serving
 ):
     """The games played at once are ``serving replicas x per_replica``: the replica never holds
     more requests than that, and two replicas are sent more than one replica's share."""
-    target = EvalRequest(seeded_replica[0], real_model_dir, wordle_url, "m", 64)
+    target = EvalRequest(seeded_replica[0], tool_model_dir, wordle_url, "m", 64)
     evals = HeldOutEvals(
         EvalSettings(episodes=GAMES, per_replica=3),
         wordle.TASK,

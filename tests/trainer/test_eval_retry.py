@@ -7,7 +7,7 @@ import threading
 import httpx
 import pytest
 
-from trainer.task.evaluate import POST_ATTEMPTS, EvalError, _post
+from trainer.task.eval_http import POST_ATTEMPTS, EvalError, ThreadClients, post
 
 
 def _client(failures: int) -> tuple[httpx.Client, list]:
@@ -24,7 +24,7 @@ def _client(failures: int) -> tuple[httpx.Client, list]:
 
 def test_a_broken_connection_is_retried_with_the_same_request():
     http, calls = _client(failures=POST_ATTEMPTS - 1)
-    r = _post(http, "http://replica/v1/completions", {"seed": 7, "prompt": [1]})
+    r = post(http, "http://replica/v1/completions", {"seed": 7, "prompt": [1]})
     assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == [1, 2]
     assert len(calls) == POST_ATTEMPTS
     assert len({c.content for c in calls}) == 1  # the same payload each time (same seed)
@@ -33,7 +33,7 @@ def test_a_broken_connection_is_retried_with_the_same_request():
 def test_every_attempt_broken_is_an_eval_error_with_its_cause():
     http, calls = _client(failures=POST_ATTEMPTS)
     with pytest.raises(EvalError, match="3 broken connections.*ReadError") as info:
-        _post(http, "http://replica/v1/completions", {"seed": 7})
+        post(http, "http://replica/v1/completions", {"seed": 7})
     assert isinstance(info.value.__cause__, httpx.ReadError) and len(calls) == POST_ATTEMPTS
 
 
@@ -42,9 +42,7 @@ def test_each_evaluation_thread_has_its_own_client_and_all_are_closed():
     (encode/httpcore issue 1110): the evaluation never shares a client between threads."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from trainer.task.evaluate import _ThreadClients
-
-    with _ThreadClients({"Authorization": "Bearer t"}) as clients:
+    with ThreadClients({"Authorization": "Bearer t"}) as clients:
         with ThreadPoolExecutor(4) as pool:
             seen = list(pool.map(lambda _: (threading.get_ident(), clients.get()), range(64)))
         owners = {}

@@ -22,10 +22,10 @@ SCRIPT = textwrap.dedent(
     from concurrent.futures import ThreadPoolExecutor
     sys.path.insert(0, {repo!r})
     from trainer import shutdown
-    from trainer.local import processes
+    from trainer.local import children
 
     shutdown.install(grace_s={grace})
-    child = processes._spawn(
+    child = children._spawn(
         "sleeper", ["-c", "import time; time.sleep(600)"], {repo!r}, {{}}, {logs!r}, 0
     )
     # a library's own spawned process, as TRL's rollout worker: in this process's group

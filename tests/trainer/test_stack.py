@@ -19,7 +19,7 @@ from trainer import stack as stack_module
 from trainer.config import TrainConfig
 from trainer.fleet.pool import ReplicaPool
 from trainer.fleet.router import FleetRouter
-from trainer.local import processes
+from trainer.local import children
 from trainer.loop.learning_curve import HeldOutEvals
 from trainer.loop.trained_weights import FullWeights
 from trainer.summary import build_summary
@@ -34,7 +34,7 @@ class FakeChild:
 
     def wait_healthy(self, timeout_s: float) -> None:
         if self.fails:
-            raise processes.ChildFailedError(f"{self.name} exited (fake)")
+            raise children.ChildFailedError(f"{self.name} exited (fake)")
 
     def stop(self) -> None:
         self.stopped.append(self.name)
@@ -46,12 +46,12 @@ def stopped(monkeypatch):
     order: list[str] = []
     monkeypatch.setattr(stack_module.torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr(
-        processes, "start_env_server", lambda server, logs: FakeChild("wordle", order)
+        children, "start_env_server", lambda server, logs: FakeChild("wordle", order)
     )
     monkeypatch.setattr(
-        processes, "start_replica", lambda *a, **k: FakeChild("replica", order, _FAIL["replica"])
+        children, "start_replica", lambda *a, **k: FakeChild("replica", order, _FAIL["replica"])
     )
-    monkeypatch.setattr(processes, "start_dashboard", lambda *a: FakeChild("dashboard", order))
+    monkeypatch.setattr(children, "start_dashboard", lambda *a: FakeChild("dashboard", order))
     for cls, name in (
         (ReplicaPool, "pool"),
         (FleetRouter, "router"),
@@ -96,7 +96,7 @@ def test_the_stack_returns_the_routers_url_and_stops_in_reverse_on_an_error_in_t
 
 def test_a_child_that_fails_to_start_stops_what_started_in_reverse(tmp_path, stopped):
     _FAIL["replica"] = True
-    with pytest.raises(processes.ChildFailedError, match="replica exited"):
+    with pytest.raises(children.ChildFailedError, match="replica exited"):
         with stack_module.RunStack(_cfg(tmp_path), FullWeights()) as stack:
             stack.start(str(tmp_path / "model"))
     # the pool and the router never started: nothing of theirs to stop

@@ -75,12 +75,15 @@ def test_load_task_by_name_and_by_module_path():
     assert load_task("trainer.task.wordle:TASK") is wordle
     letter = load_task("letter_task:TASK")
     assert letter.name == "letter" and letter.environment_factory is None and letter.reward_funcs
+    number = load_task("number_guess")  # the example, a tool task with its own Space
+    assert number is load_task("examples.number_guess.task:TASK")
+    assert number.evaluate is None and number.space == "examples/number_guess/space"
 
 
 @pytest.mark.parametrize(
     "spec, says",
     [
-        ("chess", "expected one of wordle or 'package.module:NAME'"),
+        ("chess", "expected one of number_guess, wordle or 'package.module:NAME'"),
         ("no_such_module_here:TASK", "cannot import 'no_such_module_here'"),
         ("trainer.task.wordle:episode_counts", "found function"),
     ],
@@ -100,6 +103,25 @@ def test_a_task_needs_an_environment_or_reward_functions():
         Task(name="both", environment_factory=object, reward_funcs=[print], **common)
 
 
+def test_a_tool_task_without_evaluate_needs_what_the_generic_evaluation_plays():
+    from trainer.task.base import TOOL_FIGURES
+    from trainer.task.wordle_task import WordleToolEnv, eval_row
+
+    common = dict(dataset=lambda n, s: None, eval_seeds=lambda n: [], eval_seed_count=0)
+    with pytest.raises(TaskError, match="expected an evaluate function, or an .*found no eval_row"):
+        Task(name="rowless", environment_factory=WordleToolEnv, **common)
+
+    class NoUrl:  # what TRL alone needs: no arguments
+        def reset(self, **row):
+            return None
+
+    with pytest.raises(TaskError, match=r"expected environment_factory\(env_url=None, env_he"):
+        Task(name="no-url", environment_factory=NoUrl, eval_row=eval_row, **common)
+    # a tool task with the generic evaluation declares its figures after the task's own
+    task = Task(name="tool", environment_factory=WordleToolEnv, eval_row=eval_row, **common)
+    assert task.figures == TOOL_FIGURES and task.evaluate is None
+
+
 def test_the_command_line_picks_the_task(monkeypatch, capsys, caplog):
     from trainer.config import from_args
 
@@ -109,8 +131,9 @@ def test_the_command_line_picks_the_task(monkeypatch, capsys, caplog):
     with pytest.raises(SystemExit) as e:  # argparse's error: the TaskError's message, exit 2
         from_args(["--task", "chess", *small])
     assert e.value.code == 2
-    assert "error: --task 'chess': expected one of wordle or 'package.module:NAME'" in " ".join(
-        capsys.readouterr().err.split()
+    assert (
+        "error: --task 'chess': expected one of number_guess, wordle or 'package.module:NAME'"
+        in " ".join(capsys.readouterr().err.split())
     )
     # more held-out episodes than the task holds (the defaults 512 and 64): clamped to the task's
     # own count, and the log says so

@@ -1,27 +1,25 @@
 """The trainer sends the Wordle server's key (``WORDLE_API_KEY``, ``Secrets.env_api_key``) to
 the environment server and nowhere else: a training episode (``WordleToolEnv``, what TRL's rollout
-process plays) and the held-out games (``evaluate``, with ``RunStack.env_headers``' headers) play
-against a real Wordle server that has a key, and are refused without it (the reason in the log,
-the key never)."""
+process plays) and the held-out games (``wordle.evaluate``, with ``RunStack.env_headers``'
+headers) play against a real Wordle server that has a key, and are refused without it (the
+reason in the log, the key never)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from trainer.settings import Secrets
 from trainer.task import wordle, wordle_task
 from trainer.task.base import ENV_KEY_VAR, ENV_URL_VAR
-from trainer.task.evaluate import evaluate
 from trainer.task.wordle_task import WordleToolEnv, eval_seeds
 from trainer.trust import TrustedUrls
 from wordle_env import wordlists
 from wordle_env.client import WordleRefusedError
+
+from .completions_stub import completions_server
 
 KEY = "wordle-key-for-the-trainer-test"
 
@@ -29,11 +27,11 @@ KEY = "wordle-key-for-the-trainer-test"
 @pytest.fixture(scope="module")
 def keyed_url(tmp_path_factory):
     """The task's own Wordle server (``wordle.TASK.server``) with a key, on a loopback port."""
-    from trainer.local import processes
+    from trainer.local import children
 
     server = wordle.TASK.server
     server = dataclasses.replace(server, env=(*server.env, ("WORDLE_API_KEY", KEY)))
-    child = processes.start_env_server(server, str(tmp_path_factory.mktemp("logs")))
+    child = children.start_env_server(server, str(tmp_path_factory.mktemp("logs")))
     try:
         child.wait_healthy(120)
         yield child.url
@@ -86,25 +84,8 @@ def guessing_replica():
     """A ``/v1/completions`` stand-in that always calls ``guess`` with the word ``crane``."""
     text = '<tool_call>{"name": "guess", "arguments": {"word": "crane"}}</tool_call>'
     state: dict = {}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            ids = state["tokenizer"].encode(text, add_special_tokens=False)
-            body = json.dumps({"choices": [{"token_ids": ids, "text": text}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", state
-    server.shutdown()
+    with completions_server(lambda payload: text, lambda: state["tokenizer"]) as url:
+        yield url, state
 
 
 def test_the_held_out_games_send_the_key(keyed_url, guessing_replica, tokenizer, tmp_path):
@@ -115,7 +96,7 @@ def test_the_held_out_games_send_the_key(keyed_url, guessing_replica, tokenizer,
     headers = Secrets(env_api_key=KEY).env_headers(keyed_url, trust)  # RunStack.env_headers
     seeds = eval_seeds(count=3)
     args = (url, str(tmp_path / "tok"), keyed_url, seeds, 64)
-    block = evaluate(*args, workers=3, model_name="m", env_headers=headers)
+    block = wordle.evaluate(*args, workers=3, model_name="m", env_headers=headers)
     assert block["episodes"] == 3 and block["guesses_mean"] >= 1  # played on the keyed server
     with pytest.raises(WordleRefusedError, match="401"):
-        evaluate(*args, workers=3, model_name="m")
+        wordle.evaluate(*args, workers=3, model_name="m")

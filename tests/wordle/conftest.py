@@ -21,7 +21,7 @@ from types import ModuleType
 
 import pytest
 
-from trainer.local.processes import free_port
+from trainer.local.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SPACE_DIR = REPO / "spaces" / "wordle-env"

@@ -336,8 +336,11 @@ def pyproject(project: str) -> dict:
 
 def _import_root(project: str, setuptools: dict, root: str) -> str:
     """A PYTHONPATH entry from which the packages ``pip install project`` installs import:
-    ``packages.find.where``, or, for a ``package-dir`` mapping (OpenEnv's layout: the folder is
-    the package), a folder of links named after the top-level packages."""
+    ``packages.find.where``; for a ``package-dir`` mapping (OpenEnv's layout: the folder is
+    the package), a folder of links named after the top-level packages; for top-level modules
+    (``py-modules``, e.g. ``examples/number_guess/space``), the project folder itself."""
+    if "py-modules" in setuptools and "packages" not in setuptools:
+        return project
     if "package-dir" not in setuptools:
         (where,) = setuptools["packages"]["find"]["where"]
         return os.path.join(project, where)

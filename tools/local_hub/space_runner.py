@@ -16,7 +16,7 @@ the image's WORKDIR, in its own process group, with this environment:
 - last, ``space_env``: what the local Hub's operator gives to stand in for hardware this machine
   lacks (e.g. vLLM's CPU settings: ``VLLM_EXTRA_ARGS``, ``VLLM_ENABLE_V1_MULTIPROCESSING``,
   ``OMP_NUM_THREADS``, ``HOST=127.0.0.1``, ``MAX_MODEL_LEN``; see
-  ``trainer/local/processes.py:start_replica``). ``{PUBLIC_PORT}`` in a value becomes the Space's
+  ``trainer/local/children.py:start_replica``). ``{PUBLIC_PORT}`` in a value becomes the Space's
   public port (e.g. ``ROLLOUT_PUBLIC_URL=http://127.0.0.1:{PUBLIC_PORT}``), ``{PORT}`` the app's
   own port, ``{FREE_PORT}`` another free one.
 
@@ -58,7 +58,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from trainer.local.processes import free_port
+from trainer.local.ports import free_port
 
 from .docker_image import DockerImageError, build_image, parse_dockerfile
 

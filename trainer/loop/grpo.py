@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from trainer.loop import ranks, trl_compat
@@ -26,19 +27,33 @@ class GRPOParts(NamedTuple):
     tagger: ReplicaVersionTagger | None
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What rank 0 builds its trainer against (the other ranks have neither): the run's rollout
+    side, and what runs once the replicas serve the first published version.
+
+    Attributes:
+        rollouts: the run's :class:`Rollouts` (``trainer.stack.RunStack.start``).
+        on_first_apply: ``f(version)``, run once the replicas serve the first published version
+            and before TRL's rollout worker starts (the evaluation "before").
+    """
+
+    rollouts: Rollouts
+    on_first_apply: Callable[[int], None] | None = None
+
+
 def build_trainer(
     grpo: GRPOSettings,
     run: RunSettings,
     weights: FullWeights,
     model_path: str,
     task: Task,
-    rollouts: Rollouts | None = None,
-    on_first_apply: Callable[[int], None] | None = None,
+    serving: Serving | None = None,
 ) -> GRPOParts:
     """TRL's AsyncGRPOTrainer for the run, then what the run attaches to it, each a named step:
     the bucket weight transfer, the version tags on every sample, the task's own steps
     (``task.attach``: e.g. the local Wordle model's answer rows tied to their spelling), centred
-    advantages, and the off-policy correction. Ranks other than 0 pass no ``rollouts``.
+    advantages, and the off-policy correction. Ranks other than 0 pass no ``serving``.
 
     Args:
         grpo: the update's settings; run: the output folder and the seed.
@@ -46,9 +61,8 @@ def build_trainer(
         model_path: the model folder TRL loads.
         task: the environment (``trainer.task.base.Task``): its rows, its tool environment or
             reward functions, its own attach step.
-        rollouts: the run's :class:`Rollouts` (None on ranks other than 0).
-        on_first_apply: ``f(version)``, run once the replicas serve the first published version
-            and before TRL's rollout worker starts (the evaluation "before").
+        serving: the run's rollouts and its first-version hook (:class:`Serving`; None on ranks
+            other than 0).
 
     Adapter runs: TRL wraps the model with the run's LoRA config (``weights.peft_config()``); the
     transfer publishes the adapter's tensors only, the model stays unmerged, and rollouts request
@@ -63,7 +77,8 @@ def build_trainer(
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     weights.check_processes(ranks.world())
-    rollouts = rollouts or Rollouts(url=None)
+    serving = serving or Serving(Rollouts(url=None))
+    rollouts, on_first_apply = serving.rollouts, serving.on_first_apply
     transfer = BucketWeightTransfer(
         rollouts.publisher,
         first_apply_fn=lambda v: (

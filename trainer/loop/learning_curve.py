@@ -3,7 +3,7 @@ paired comparison of the first and the last.
 
 :class:`EvalEvery` is a ``transformers.TrainerCallback`` that, every ``every`` optimizer steps,
 waits until the replica serves the newest published version and plays the held-out episodes
-through it (the task's ``evaluate``). Training waits meanwhile (the rollout worker keeps its bounded queue),
+through it (``Task.run_evaluation``). Training waits meanwhile (the rollout worker keeps its bounded queue),
 so the evaluation does not share the CPU with a training step. :func:`paired_difference` compares
 two evaluations of the same seeds game by game: the same word is played before and after, so the
 per-seed difference removes the words' own difficulty from the standard error.
@@ -40,7 +40,7 @@ class HeldOutEvals:
 
     Args:
         settings: the run's :class:`~trainer.config.EvalSettings`.
-        task: the environment (its held-out seeds, ``evaluate`` and ``check_context``).
+        task: the environment (its held-out seeds, its evaluation and ``check_context``).
         target: what the evaluations play through (``trainer.task.base.EvalRequest``).
         rollouts: the run's ``trainer.loop.rollouts.Rollouts``: its publisher's newest version
             (None before the first; the evaluation then waits for no version) and the oldest
@@ -80,7 +80,7 @@ class HeldOutEvals:
         )
         block = pool_draws(
             [
-                self.task.evaluate(
+                self.task.run_evaluation(
                     dataclasses.replace(self.target, draw=d, workers=workers),
                     seeds,
                     self.settings.temperature,

@@ -225,7 +225,7 @@ class BucketMetricsCallback(TrainerCallback):
         return round(dropped / generated, 4) if generated else None
 
     def add_eval(self, label: str, step: int, version: int | None, block: dict) -> None:
-        """Record an evaluation block (``trainer.task.evaluate.summarize``) and write the metrics."""
+        """Record an evaluation block (``Task.run_evaluation``'s) and write the metrics."""
         own = ("episodes", "reward_mean", "reward_se")
         figures = self._recorded(block, "evals", known=frozenset((*own, "per_seed", "draws")))
         self.metrics.evals.append(
@@ -342,6 +342,8 @@ class BucketMetricsCallback(TrainerCallback):
             f"v{m.version} replica=v{rv} stale={_fmt(m.stale_fraction, 2)} "
             f"bytes={m.bytes} density={_fmt(m.density, 5)}"
         )
+        if m.publish_every is not None:  # the publisher's cadence: syncs between publishes
+            msg += f" every={m.publish_every}"
         if m.dropped_episodes:
             msg += f" dropped={m.dropped_episodes}/{m.dropped_episodes + (m.games or 0)}"
         msg += self._store_note(outage)

@@ -6,5 +6,7 @@ shipped (``wordle``): the prompt, the tool-calling environment and the reward (`
 the board added to each tool reply (``board``), the teacher (``solver``), the local model and its
 tokenizer (``wordle_model``, ``tiny_model``), the warm starts (``warm_start``,
 ``hub_warm_start``), the answer rows tied to their spelling (``spelling``, ``spelling_tie``) and
-the held-out evaluation (``evaluate``). Nothing here knows about buckets, replicas or the fleet.
+Wordle's figures of the held-out games (``evaluate``), which the generic evaluation of tool
+tasks plays (``tool_eval``, its requests in ``eval_http``). Nothing here knows about buckets,
+replicas or the fleet.
 """

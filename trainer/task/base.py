@@ -3,7 +3,8 @@
 The trainer's loop, fleet and stack know an environment only through a :class:`Task`: the rows
 TRL trains on, the OpenEnv client TRL plays each episode with (its tool methods become the tool
 schema) or the reward functions of a single-turn task, the server the local default starts, the
-held-out evaluation, the per-episode counts each step logs, and the optional warm start. Wordle
+held-out evaluation (a tool task's is generic: ``trainer.task.tool_eval``; the task gives its
+seeds, rows and figures), the per-episode counts each step logs, and the optional warm start. Wordle
 (``trainer.task.wordle``) is the one shipped; ``--task module:NAME`` loads another
 (:func:`load_task`). README "Your own environment" walks through writing one.
 """
@@ -11,11 +12,13 @@ held-out evaluation, the per-episode counts each step logs, and the optional war
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from deltasync.status import TaskFigure
+from trainer.task.tool_episode import ToolEpisode
 from trainer.trust import TrustedUrls
 
 # The environment server's URL, handed to TRL's spawned rollout process (set by the run stack,
@@ -52,7 +55,8 @@ class EnvServer:
 
 @dataclass(frozen=True)
 class EvalRequest:
-    """What a held-out evaluation plays through (built by the run, handed to ``Task.evaluate``).
+    """What a held-out evaluation plays through (built by the run, handed to
+    :meth:`Task.run_evaluation`).
 
     Attributes:
         replica_url: the fleet router's base URL (OpenAI-compatible ``/v1``).
@@ -67,6 +71,10 @@ class EvalRequest:
             common random numbers) and another draw samples other tokens on the same episodes
             (``EvalSettings.draws``).
         workers: episodes played at once (``HeldOutEvals`` sizes it to the serving replicas).
+        max_turns: assistant turns an episode may take at most, 1..16 (a tool task's generic
+            evaluation, ``trainer.task.tool_eval``, runs each turn's calls, so an episode makes
+            as many rounds of calls as TRL's ``max_tool_calling_iterations``, which the run
+            passes).
         headers: headers every request to ``replica_url`` carries: the run's key of the fleet
             router (``Authorization``, ``trainer.fleet.router.FleetRouter.headers``); never
             shown (``repr``).
@@ -81,8 +89,30 @@ class EvalRequest:
     max_tokens: int
     draw: int = 0
     workers: int = 16
+    max_turns: int = 7
     headers: dict[str, str] | None = field(default=None, repr=False)
     env_headers: dict[str, str] | None = field(default=None, repr=False)
+
+
+# The generic evaluation's own figures (``trainer.task.tool_eval``), declared for every task that
+# uses it (added to ``Task.figures`` after the task's own).
+TOOL_FIGURES = (
+    TaskFigure(
+        name="turns_mean",
+        label="turns an episode",
+        unit="turns",
+        higher_is_better=None,
+        steps=False,
+    ),
+    # tool calls that raised or named no tool, of all calls (TRL's tools/failure_frequency)
+    TaskFigure(
+        name="tool_error_rate",
+        label="tool errors",
+        unit="share",
+        higher_is_better=False,
+        steps=False,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -105,7 +135,27 @@ class Task:
         evaluate: ``f(request: EvalRequest, seeds, temperature, per_seed) -> dict``: plays the
             seeds through the replica; the block has ``episodes``, ``reward_mean``,
             ``reward_se`` and, with ``per_seed``, each episode's reward in ``seeds`` order (for
-            the paired comparison), plus any task figures (win rate, ...).
+            the paired comparison), plus any task figures (win rate, ...). None for a tool task:
+            the generic evaluation (``trainer.task.tool_eval``) plays each held-out episode
+            through the replica with the task's ``environment_factory``, built as
+            ``environment_factory(env_url=..., env_headers=...)`` (TRL builds it with no
+            arguments; an instance that is a context manager is closed after its episode),
+            TRL's chat rendering and response parser, and :attr:`eval_row`; its seeds are
+            integers in 0..2**28-1 (``trainer.task.eval_http.sampling_seed``). Either this or
+            :attr:`eval_row` with :attr:`environment_factory` is needed. Called through
+            :meth:`run_evaluation`.
+        eval_row: ``f(seed) -> dict``: the held-out episode's row, as ``dataset``'s rows: its
+            ``prompt`` and what the environment's ``reset(**row)`` takes (TRL passes it the
+            whole row); the generic evaluation only.
+        eval_figures: ``f(episodes: list[ToolEpisode]) -> dict``: the task's figures of a
+            generic evaluation, by the names of :attr:`figures` (e.g. a win rate); None: the
+            generic block only (``episodes``, ``reward_mean``, ``reward_se``, ``turns_mean``,
+            ``tool_error_rate``: :data:`TOOL_FIGURES`), whose names it cannot override.
+        eval_reward: ``f(env) -> float``: an episode's evaluation reward from its environment
+            after play (e.g. what the game itself pays); None: ``env.get_reward()``.
+        space: the environment's Space folder (a Dockerfile and a README with the Space's card),
+            relative to the repository or absolute, that ``make spaces TASK=...`` deploys; None:
+            the task has no Space of its own (``--env-url`` names a running server).
         check_context: ``f(replica_url, model_path, max_tokens, headers=None) -> int``: raises
             when the longest episode does not fit the replica's context (``headers``: the
             request's ``EvalRequest.headers``, the router's key); None: not checked.
@@ -122,7 +172,8 @@ class Task:
             whether higher is better, measured on the training steps and/or the evaluations), in
             the order the step line, the summary and the dashboard show them. A figure that
             ``step_figures`` or ``evaluate`` returns but that is not declared is still recorded,
-            with one warning (``trainer.loop.metrics``).
+            with one warning (``trainer.loop.metrics``). A task with the generic evaluation
+            gets :data:`TOOL_FIGURES` added after its own (those it declares itself kept).
         rewards: the episode rewards the task's environment can pay (``--reward``; the run hands
             the chosen one to the task in ``$DELTASYNC_TASK_REWARD``), the first the default;
             () where it pays one only.
@@ -140,7 +191,11 @@ class Task:
     dataset: Callable[[int, int], Any]
     eval_seeds: Callable[[int], list]
     eval_seed_count: int
-    evaluate: Callable[..., dict]
+    evaluate: Callable[..., dict] | None = None
+    eval_row: Callable[[int], dict] | None = None
+    eval_figures: Callable[[list[ToolEpisode]], dict] | None = None
+    eval_reward: Callable[[Any], float] | None = None
+    space: str | None = None
     server: EnvServer | None = None
     environment_factory: type | None = None
     reward_funcs: Sequence[Callable] = ()
@@ -161,9 +216,67 @@ class Task:
                 "reward_funcs (single-turn), found "
                 + ("both" if self.environment_factory is not None else "neither")
             )
+        if self.evaluate is None:
+            self._check_generic_evaluation()
+            own = {f.name for f in self.figures}
+            extra = tuple(f for f in TOOL_FIGURES if f.name not in own)
+            object.__setattr__(self, "figures", (*self.figures, *extra))
         names = [f.name for f in self.figures]
         if len(set(names)) != len(names):
             raise TaskError(f"task {self.name!r}: expected figure names once each, found {names}")
+
+    def _check_generic_evaluation(self) -> None:
+        """A task without ``evaluate`` needs what the generic evaluation plays: an
+        ``environment_factory`` that takes ``env_url`` and ``env_headers``, and ``eval_row``."""
+        if self.environment_factory is None or self.eval_row is None:
+            found = "no environment_factory" if self.environment_factory is None else "no eval_row"
+            raise TaskError(
+                f"task {self.name!r}: expected an evaluate function, or an environment_factory "
+                f"and an eval_row for the generic evaluation of tool tasks, found {found}; give "
+                "Task(evaluate=...) or Task(eval_row=f(seed) -> {'prompt': ..., **reset_kwargs})"
+            )
+        try:
+            params = inspect.signature(self.environment_factory).parameters.values()
+        except (TypeError, ValueError):
+            return  # a builtin or C callable: no signature to check; a call will tell
+        names = {p.name for p in params}
+        if any(p.kind is p.VAR_KEYWORD for p in params) or {"env_url", "env_headers"} <= names:
+            return
+        raise TaskError(
+            f"task {self.name!r}: expected environment_factory(env_url=None, env_headers=None) "
+            "(the generic evaluation connects each held-out episode to the run's server), found "
+            f"{getattr(self.environment_factory, '__name__', self.environment_factory)}"
+            f"{inspect.signature(self.environment_factory)}; add both keyword arguments (None: "
+            "what TRL's rollout builds with no arguments)"
+        )
+
+    def run_evaluation(
+        self, request: EvalRequest, seeds: list, temperature: float, per_seed: bool = False
+    ) -> dict:
+        """Play the held-out ``seeds`` through ``request``'s replica: the task's own
+        :attr:`evaluate` when it has one, else the generic evaluation of tool tasks
+        (``trainer.task.tool_eval.evaluate_tool_task``).
+
+        Args:
+            request: what the episodes play through (replica, model, environment server, ...).
+            seeds: the held-out episodes' seeds (:attr:`eval_seeds`).
+            temperature: sampling temperature (0: greedy).
+            per_seed: add ``per_seed``: each episode's reward in ``seeds`` order.
+
+        Returns:
+            the evaluation block: ``episodes``, ``reward_mean``, ``reward_se``, the task's
+            figures (and, generic, ``turns_mean``, ``tool_error_rate``), ``per_seed`` if asked.
+
+        Raises:
+            trainer.task.eval_http.EvalError: (generic evaluation) the replica did not answer
+                usably, or an episode had no reward; an error of the environment's construction
+                or ``reset`` is raised as it is. A task's own ``evaluate`` raises its own.
+        """
+        if self.evaluate is not None:
+            return self.evaluate(request, seeds, temperature, per_seed)
+        from trainer.task.tool_eval import evaluate_tool_task
+
+        return evaluate_tool_task(self, request, seeds, temperature, per_seed)
 
 
 def space_headers(url: str, hf_token: str | None, trust: TrustedUrls) -> dict[str, str]:
@@ -190,7 +303,7 @@ def env_headers(
 
 
 # The tasks shipped, by name: "module:attribute" of their Task.
-TASKS = {"wordle": "trainer.task.wordle:TASK"}
+TASKS = {"wordle": "trainer.task.wordle:TASK", "number_guess": "examples.number_guess.task:TASK"}
 
 
 def load_task(spec: str) -> Task:

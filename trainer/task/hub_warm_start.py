@@ -14,7 +14,7 @@ second, and a whole rendered game is about 1,100-1,300 tokens, so each game is c
 ``turns`` calls (~780 tokens), and the ~450 tokens every game shares (the system turn with the
 tool schema, the user turn) are computed once per step without gradient
 (:func:`shared_prefix_forward`): a game costs its ~330 suffix tokens. The format is in the first
-call, the words in every call (docs/BENCHMARKS.md section 11 (a real pretrained chat model) has the figures of the settings).
+call, the words in every call (docs/BENCHMARKS.md section 11 has the figures).
 
 The result is cached under ``<cache_dir>/hub-warm-start-<key>``, the key hashing the model
 folder's config and weight files, the settings, the SFT set itself (every game's token ids and
@@ -38,14 +38,9 @@ class HubWarmStartConfig:
     """Settings of a pretrained model's warm start (part of the cache key).
 
     Attributes:
-        games: teacher games in the SFT set. The settings were chosen by measurement
-            (SmolLM2-135M-Instruct, 2 cores; first calls sampled at temperature 1 from 32 new
-            games: parsed / valid words; docs/BENCHMARKS.md section 11 (a real pretrained chat model)):
-            48 games, lr 5e-5, 4,096-token batches, whole texts (10 steps, 317 s): 20 / 4;
-            the same sharing the prompt (6 steps, 156 s): 0.09 of the replica's calls parsed;
-            48 games, lr 1e-4, 1,024-token batches, shared (24 steps, 202 s): 30 / 18;
-            96 games, the same (376 s): 32 / 27, the default. More optimizer steps, not more
-            tokens a step, taught the format.
+        games: teacher games in the SFT set. 96 with small batches (the defaults): more
+            optimizer steps, not more tokens a step, taught the tool-call format (the settings
+            compared: docs/JOURNAL.md, "The trainer's defaults").
         turns: calls kept of each game (the game is cut after the tool reply of the last one).
         epochs: passes over the set.
         tokens_per_batch: padded tokens per optimizer step, the shared prompt not counted (about

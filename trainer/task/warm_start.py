@@ -49,9 +49,9 @@ class WarmStartConfig:
         layers: the local model's decoder layers.
         init: ``spelling`` or ``random`` (``trainer.task.wordle_model.build_model``).
         board: tool replies carry the board (``trainer.task.board``); False: the environment's text
-            only (an ablation: the model must then align the two feedback rows itself).
+            only (the model must then align the two feedback rows itself).
         teacher_top_k: the solver's later guesses: None, a uniformly random consistent answer;
-            k, one of the k best-scored (round 2's teacher: 3, with 5 openers).
+            k, one of the k best-scored.
         n_openers: the solver's first guess is one of this many best openers.
         soft: the loss at each called word is the cross-entropy against the teacher's whole
             distribution (:func:`soft_targets`); False: against the one word it played.
@@ -61,15 +61,12 @@ class WarmStartConfig:
             al. 2011, with the solver as the expert).
         repeat: share of the explored moves that repeat a word already played (an invalid move,
             at most one per game; ``trainer.task.solver.solver_guesses``), so that the model sees
-            a game go on after one. Off: at 0.3 (one run) the warm-started model stopped early
-            in fewer games (0.05 -> 0.03) but repeated more and won less (held-out win 0.32 ->
-            0.29; docs/BENCHMARKS.md section 6 (the main job)).
+            a game go on after one. Off (0): with it the model repeated more and won fewer
+            held-out games (docs/JOURNAL.md, "The trainer's defaults").
         tie_rows: hold the answer rows to their spelling during SFT
             (``trainer.task.spelling.AnswerRowSpan``), so the warm start learns nothing that
-            belongs to one word. Off: one run (default warm start, 512 held-out games) won more
-            (0.31 -> 0.38; repeats 0.082 -> 0.046 a turn) but was less consistent (0.46 -> 0.39),
-            and GRPO from it gained +0.007 +- 0.010, its training reward flat (docs/BENCHMARKS.md
-            section 6).
+            belongs to one word. Off: with it the model won more but read the board less, and
+            GRPO from it gained nothing measurable (docs/JOURNAL.md, "The trainer's defaults").
         seed: games, init and data order.
         threads: torch CPU threads.
     """

@@ -1,42 +1,39 @@
 """Wordle as a :class:`~trainer.task.base.Task`: the one environment the template ships.
 
 Each piece is defined in its own module (``wordle_task``: prompts, the OpenEnv client as TRL's
-tool environment, the reward; ``evaluate``: the held-out games; ``board``: the per-episode
+tool environment, the reward; ``evaluate``: the figures of the held-out games, which the
+generic evaluation of tool tasks plays (``tool_eval``); ``board``: the per-episode
 counts; ``warm_start`` / ``hub_warm_start``: the teacher's warm starts; ``spelling_tie``: the
-local model's answer rows). This file only assembles them.
+local model's answer rows). This file assembles them, and plays the held-out games from flat
+arguments for the benches (:func:`evaluate`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import multiprocessing
 import os
 
 from deltasync.status import TaskFigure
 from trainer.task import board, credit, wordle_task
-from trainer.task.base import EnvServer, EvalRequest, Task
+from trainer.task.base import EnvServer, EvalRequest, Task, ToolEpisode
 
 # spaces/wordle-env, run as `python -m wordle_env.server.app` (the trainer never imports the Space)
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORDLE_DIR = os.path.join(_REPO, "spaces", "wordle-env")
 
 
-def _evaluate(request: EvalRequest, seeds: list, temperature: float, per_seed: bool) -> dict:
-    from trainer.task.evaluate import evaluate
+def _eval_figures(episodes: list[ToolEpisode]) -> dict:
+    from trainer.task.evaluate import figures
 
-    return evaluate(
-        request.replica_url,
-        request.model_path,
-        request.env_url,
-        seeds,
-        request.max_tokens,
-        temperature,
-        workers=request.workers,
-        per_seed=per_seed,
-        model_name=request.model_name,
-        draw=request.draw,
-        headers=request.headers,
-        env_headers=request.env_headers,
-    )
+    return figures(episodes)
+
+
+def _eval_reward(env) -> float:
+    from trainer.task.evaluate import eval_reward
+
+    return eval_reward(env)
 
 
 def _check_context(
@@ -154,7 +151,7 @@ def _share(name: str, label: str, *, better: bool | None = True, **where) -> Tas
 
 
 # Wordle's figures in the order they are shown: the step line shows those of the training games
-# (``step_figures``), the summary and the dashboard those of the held-out games (``evaluate``'s
+# (``step_figures``), the summary and the dashboard those of the held-out games (the evaluation
 # block, ``trainer.task.evaluate.summarize``) too; the headline ones are on the learning curve.
 EVAL_ONLY = {"steps": False}
 FIGURES = (
@@ -211,7 +208,9 @@ TASK = Task(
     environment_factory=wordle_task.WordleToolEnv,
     eval_seeds=lambda count: wordle_task.eval_seeds(count=count),
     eval_seed_count=wordle_task.EVAL_SEED_COUNT,
-    evaluate=_evaluate,
+    eval_row=wordle_task.eval_row,
+    eval_figures=_eval_figures,
+    eval_reward=_eval_reward,
     check_context=_check_context,
     episode_counts=episode_counts,
     step_figures=step_figures,
@@ -222,3 +221,70 @@ TASK = Task(
     warm_start=_warm_start,
     local_model=_local_model,
 )
+
+
+def evaluate(
+    replica_url: str,
+    tokenizer_path: str,
+    env_url: str,
+    seeds: list[int],
+    max_tokens: int,
+    temperature: float = 0.0,
+    workers: int = 64,
+    headers: dict | None = None,
+    board: bool = True,
+    per_seed: bool = False,
+    model_name: str | None = None,
+    draw: int = 0,
+    env_headers: dict | None = None,
+    max_turns: int = wordle_task.MAX_TURNS,
+) -> dict:
+    """Play the held-out games ``seeds`` through the replica (:data:`TASK`'s generic
+    evaluation, ``trainer.task.tool_eval``), from flat arguments (the benches); returns the
+    block: ``episodes``, ``reward_mean``, ``reward_se``, ``turns_mean``, ``tool_error_rate``,
+    ``trainer.task.evaluate.summarize``'s figures and, with ``per_seed``, each game's reward.
+
+    Args:
+        replica_url: the replica's base URL (its ``/v1``).
+        tokenizer_path: model folder or hub id whose tokenizer renders the prompts (its chat
+            template one TRL's response parser knows).
+        env_url: the Wordle server.
+        seeds: game seeds (the held-out set: ``trainer.task.wordle_task.eval_seeds``).
+        max_tokens: completion cap per turn (the GRPO setting).
+        temperature: 0 = greedy.
+        workers: games played concurrently.
+        headers: headers of every request to the replica (the fleet router's run key, or
+            ``Authorization`` for a private Space).
+        board: tool replies carry the board (``trainer.task.board``), as in training.
+        per_seed: add ``per_seed``: each game's environment reward, in ``seeds`` order (for a
+            paired comparison of two evaluations on the same seeds).
+        model_name: the model name the requests carry (an adapter run: its adapter name, which
+            the replica maps to its newest adapter version). None: the replica's served model
+            (``GET /v1/models``).
+        draw: the sampling draw (``trainer.task.eval_http.sampling_seed``; ``EvalRequest.draw``).
+        env_headers: headers of the environment's WebSocket handshake (a private Wordle Space's
+            ``Authorization``; ``EvalRequest.env_headers``).
+        max_turns: assistant turns a game may take (TRL's ``max_tool_calling_iterations``).
+
+    Raises:
+        trainer.task.eval_http.EvalError: the replica did not answer usably.
+        wordle_env.client.WordleRefusedError: the Wordle server refused the connection (e.g. no
+            key), after ``RESET_ATTEMPTS`` tries.
+    """
+    task = TASK
+    if not board:
+        factory = functools.partial(wordle_task.WordleToolEnv, board=False)
+        task = dataclasses.replace(task, environment_factory=factory)
+    request = EvalRequest(
+        replica_url,
+        tokenizer_path,
+        env_url,
+        model_name,
+        max_tokens,
+        draw=draw,
+        workers=workers,
+        max_turns=max_turns,
+        headers=headers,
+        env_headers=env_headers,
+    )
+    return task.run_evaluation(request, seeds, temperature, per_seed)

@@ -305,34 +305,66 @@ def stopped(stats: EpisodeStats) -> bool:
 class WordleToolEnv:
     """One Wordle game per rollout, played on the environment server (``environment_factory``).
 
-    TRL calls ``reset(**row)`` before the rollout, exposes ``guess`` as a tool, and adds
-    ``get_reward()`` to the rewards when the rollout ends. A reset that fails is retried
-    ``RESET_ATTEMPTS`` times on a new connection; after that the episode is dropped (its reward is
-    None, which TRL scores as no signal) and counted in ``dropped``, and training goes on.
+    TRL builds it with no arguments, calls ``reset(**row)`` before the rollout, exposes ``guess``
+    as a tool, and adds ``get_reward()`` to the rewards when the rollout ends. A reset that fails
+    is retried ``RESET_ATTEMPTS`` times on a new connection; after that a training episode is
+    dropped (its reward is None, which TRL scores as no signal) and counted in ``dropped``, and
+    training goes on.
+
+    The held-out evaluation (``trainer.task.tool_eval``) builds it with the server's URL and
+    headers, plays it like TRL, stops once :attr:`done`, scores it by :attr:`game_reward` and
+    closes it (a context manager); there a reset that still fails after its attempts raises.
+
+    Args:
+        env_url: the Wordle server's URL; None: ``$DELTASYNC_ENV_URL`` (set by the trainer for
+            TRL's rollout process), with the headers the run's rule gives it
+            (``base.env_headers``).
+        env_headers: headers of the WebSocket handshake with ``env_url`` (a key or a private
+            Space's ``Authorization``), sent as given; ignored without ``env_url``.
+        board: tool replies carry the board (``trainer.task.board``), as in training; False:
+            the game's reply alone (the warm-start ablation of ``bench/bench_warm_start.py``).
+
+    Attributes:
+        stats: the game's :class:`EpisodeStats`.
+        game_reward: what the game paid for the last move (``rules.game_reward``: 1 for a win,
+            else the credit of the last accepted guess); 0 before any.
     """
 
     dropped = 0  # episodes dropped in this process (reset failures)
 
-    def __init__(self):
+    def __init__(
+        self, env_url: str | None = None, env_headers: dict | None = None, board: bool = True
+    ):
+        self._url, self._headers, self._board = env_url, env_headers, board
         self._client = None
         self.stats = EpisodeStats()
+        self.game_reward = 0.0
         self._dropped = False
+
+    @property
+    def done(self) -> bool:
+        """The game is over (won, out of guesses, or two invalid moves in a row)."""
+        return self.stats.done
 
     def _connect(self):
         from wordle_env.client import WordleEnv
 
-        url = os.environ.get(ENV_URL_VAR)
-        if not url:
-            raise RuntimeError(
-                f"expected the Wordle server's URL in ${ENV_URL_VAR} (set by the trainer), found none"
+        url, headers = self._url, self._headers
+        if url is None:
+            url = os.environ.get(ENV_URL_VAR)
+            if not url:
+                raise RuntimeError(
+                    f"expected the Wordle server's URL in ${ENV_URL_VAR} (set by the trainer), "
+                    "found none"
+                )
+            # A public Wordle Space needs its key, a private one the HF token (openenv's client
+            # sends these headers on the WebSocket handshake): the run's rule, base.env_headers.
+            # The trainer set this URL from the user's ENV_URL (or its own local server), so it
+            # is the one URL trusted here; the HF token still goes only over https to a
+            # *.hf.space host.
+            headers = env_headers(
+                url, os.environ.get(ENV_KEY_VAR), os.environ.get("HF_TOKEN"), TrustedUrls.of([url])
             )
-        # A public Wordle Space needs its key, a private one the HF token (openenv's client sends
-        # these headers on the WebSocket handshake): the run's rule, base.env_headers. The
-        # trainer set this URL from the user's ENV_URL (or its own local server), so it is the
-        # one URL trusted here; the HF token still goes only over https to a *.hf.space host.
-        headers = env_headers(
-            url, os.environ.get(ENV_KEY_VAR), os.environ.get("HF_TOKEN"), TrustedUrls.of([url])
-        )
         self._client = WordleEnv(base_url=url, headers=headers or None).sync()
         self._client.connect()
 
@@ -344,9 +376,21 @@ class WordleToolEnv:
                 log.debug("closing a broken Wordle connection: %r", e)
         self._client = None
 
+    def __enter__(self) -> WordleToolEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close()
+
     def reset(self, seed: int, **_row) -> str:
-        """Start the game of this row's seed; returns the text appended to the user prompt."""
+        """Start the game of this row's seed; returns the text appended to the user prompt.
+
+        Raises:
+            Exception: (built with ``env_url``, an evaluation) the last reset error, once every
+                attempt failed.
+        """
         self.stats = EpisodeStats()
+        self.game_reward = 0.0
         self._dropped = False
         for attempt in range(RESET_ATTEMPTS):
             try:
@@ -359,6 +403,8 @@ class WordleToolEnv:
                 log.warning(
                     "Wordle reset failed (attempt %d/%d): %r", attempt + 1, RESET_ATTEMPTS, e
                 )
+                if self._url is not None and attempt == RESET_ATTEMPTS - 1:
+                    raise  # an evaluation has no episode to drop
                 time.sleep(min(2.0**attempt, 8.0))
         WordleToolEnv.dropped += 1
         self._dropped = True
@@ -378,12 +424,21 @@ class WordleToolEnv:
             raise RuntimeError("the Wordle server is unreachable; this episode was dropped")
         result = self._client.step(f"[{str(word).strip().lower()}]")
         self.stats.record(result.observation)
-        return self.stats.reply(result.observation, bool(result.done))
+        self.game_reward = float(result.reward or 0.0)
+        if self._board:
+            return self.stats.reply(result.observation, bool(result.done))
+        return tool_reply(result.observation.reply, bool(result.done))
 
     def get_reward(self) -> float | None:
         """The training reward of this rollout (:func:`episode_reward` of :func:`reward_kind`);
         None when dropped."""
         return None if self._dropped else episode_reward(self.stats, reward_kind())
+
+
+def eval_row(seed: int) -> dict:
+    """The held-out game of ``seed`` as a dataset row (``Task.eval_row``): the prompt and the
+    seed ``reset`` takes."""
+    return {"prompt": prompt_messages(), "seed": seed}
 
 
 def solver_conversation(

@@ -14,7 +14,7 @@ vLLM serves in the dtype ``ROLLOUT_DTYPE`` names (:func:`served_dtype`): by defa
 CPU build where bf16 is emulated (``deltasync.cpu_dtype``), else bfloat16; said once in the log.
 
 Also usable from Python: ``start_vllm`` (one internal server, e.g. for tests). A whole replica as
-a subprocess is ``trainer.local.processes`` (``python -m rollout.launch`` with its environment).
+a subprocess is ``trainer.local.children`` (``python -m rollout.launch`` with its environment).
 """
 
 from __future__ import annotations
