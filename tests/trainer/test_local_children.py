@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trainer.local import children
 from trainer.local.children import LOCAL_MAX_MODEL_LEN, local_max_model_len
 from trainer.local.threads import cpu_threads
@@ -43,3 +45,46 @@ def test_a_relative_model_folder_reaches_the_replica_as_an_absolute_path(monkeyp
     assert env["MODEL"] == str(tmp_path / "models" / "m")
     children.start_replica("file:///nowhere", "Qwen/Qwen3-0.6B", "/tmp")  # a hub id: as is
     assert env["MODEL"] == "Qwen/Qwen3-0.6B"
+
+
+def test_a_child_dies_with_a_trainer_killed_outright(tmp_path):
+    """A trainer killed by SIGKILL (the OOM killer) leaves no child server behind: the child gets
+    SIGTERM from the kernel (``children.dies_with_parent``)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if children.SETPRIV is None:
+        pytest.skip("setpriv (util-linux) is not installed: children outlive a killed trainer")
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from trainer.local.children import _spawn\n"
+            f"c = _spawn('sleeper', ['-c', 'import time; time.sleep(120)'], {str(tmp_path)!r}, "
+            f"{{}}, {str(tmp_path)!r}, 0)\n"
+            "print(c.proc.pid, flush=True)\n"
+            "time.sleep(120)\n",
+        ],
+        cwd=children.REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)  # the child runs while its parent does
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        if open(f"/proc/{child}/stat").read().split()[2] == "Z":
+            return  # exited, waiting to be reaped by init
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError(f"child {child} outlived its SIGKILLed parent by 10 s")
