@@ -63,8 +63,8 @@ def turn_rewards(completion: list) -> list[float | None]:
     ``-INVALID_PENALTY`` (``wordle_task``, the episode reward's units); a turn the game did not
     answer (no call, a call the tool could not run, the call the call cap refused) has None.
 
-    The credit a guess then earned (run L7, docs/BENCHMARKS.md section 11) carries the luck of
-    the secret: it taught words of the right length and not reading the board.
+    The credit a guess then earned carries the luck of the secret, and taught words of the right
+    length but not reading the board (docs/JOURNAL.md, "The Wordle reward's settings").
 
     Args:
         completion: the episode's messages after the prompt (TRL's ``RolloutSample.completion``).

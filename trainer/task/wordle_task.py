@@ -15,16 +15,13 @@ credit ``(greens + 0.5 yellows) / 5`` of any accepted guess, minus 0.1 per inval
 did not stop). The best guess (not the last, which is the
 environment's own ``game_reward``) is used so that stopping early never pays: another guess can
 only raise the best credit. Text that is not a move earns nothing. ``--reward game`` trains on the
-game's own reward instead (:func:`episode_reward`); there a real model learned to play one strong
-word and stop (runs G2 and V2, docs/BENCHMARKS.md section 11), so ``best`` stays the task's
-default (the local model's and a GPU's), and a hub model on CPU trains on ``game``
-(``trainer.config.HUB_CPU_DEFAULTS``), which raised the held-out game's reward by 4.6-8.5 SE.
+game's own reward instead (:func:`episode_reward`): it raises the held-out game's reward most but
+teaches a real model one strong word and a stop, so ``best`` stays the task's default and a hub
+model on CPU trains on ``game`` (``trainer.config.HUB_CPU_DEFAULTS``; docs/JOURNAL.md, "The
+Wordle reward's settings").
 
-Stopping costs what the two invalid moves in a row that end a game cost (0.2). Raised to 0.5 (more
-than any way of playing on), SmolLM2-135M-Instruct still stopped (0.09-0.34 of held-out games at
-steps 10-20) and its training games' valid share stayed at 0.44 for 25 steps, where at 0.2 it rose
-to 0.58 by step 16 (docs/BENCHMARKS.md section 11, "Toward learning on 2 cores", run L3), so 0.2
-stays.
+Stopping costs what the two invalid moves in a row that end a game cost (0.2): a larger penalty
+did not stop a real model from stopping and slowed its valid share (docs/JOURNAL.md).
 
 This module is imported in TRL's spawned rollout process, so everything here is module-level and
 the server address comes from the environment (``DELTASYNC_ENV_URL``).
@@ -254,10 +251,9 @@ def episode_reward(stats: EpisodeStats, kind: str = "best") -> float:
             win, else the credit of the *last* accepted guess) minus ``INVALID_PENALTY`` per
             invalid move, so a player that stops while its last row is good keeps that row's
             credit, as the game (and the evaluation) scores it. Stopping costs
-            ``STOPPED_EARLY_PENALTY`` only before any accepted guess: without it (run G1,
-            docs/BENCHMARKS.md section 11) SmolLM2-135M-Instruct learned to stop after one
-            guess by step 25 and before any by step 29, where every game scores 0 and GRPO has
-            no signal left.
+            ``STOPPED_EARLY_PENALTY`` only before any accepted guess: without it a real model
+            learns to stop before any guess, where every game scores 0 and GRPO has no signal
+            left (docs/JOURNAL.md, "The Wordle reward's settings").
 
     Raises:
         ValueError: ``kind`` is not one of ``EPISODE_REWARDS``.
@@ -296,9 +292,8 @@ def stopped(stats: EpisodeStats) -> bool:
     """Whether the model ended the episode itself before the game was over: not done and under
     ``MAX_TURNS`` calls. A game that used every call (two or more invalid moves that were not in a
     row) was cut by the call cap (TRL's ``max_tool_calling_iterations``, which refuses the call
-    the model wrote next): it did not stop. Scored as stopped, such games were 6-18% of
-    SmolLM2-135M-Instruct's training games a 16-step block (run L4, ``tools/loop_exhausted_frac``)
-    and paid the stop penalty for the call they wrote."""
+    the model wrote next): it did not stop, and does not pay the stop penalty (docs/JOURNAL.md,
+    "The Wordle reward's settings")."""
     return not stats.done and stats.accepted + stats.invalid < MAX_TURNS
 
 
