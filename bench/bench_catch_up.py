@@ -48,7 +48,7 @@ from deltasync.publisher import DeltaPublisher, PublisherConfig
 from deltasync.subscriber import DeltaSubscriber, HeldWeights
 
 # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, tied (config.json; the local
-# model's from trainer/task/wordle_model.py, its vocabulary from its 2.68 M parameters)
+# model's from trainer/task/wordle/model.py, its vocabulary from its 2.68 M parameters)
 MODELS = {
     "local": (192, 384, 2, 4, 2, 64, 5056, False),
     "smollm2": (576, 1536, 30, 9, 3, 64, 49152, True),

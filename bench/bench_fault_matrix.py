@@ -758,12 +758,12 @@ def main() -> None:
     console.setLevel(logging.ERROR)  # the rows say what the warnings said
     console.setFormatter(logging.Formatter("  log %(name)s: %(message)s"))
     logging.getLogger().addHandler(console)
-    from trainer.task.tiny_model import checkpoint_tensors, make_tiny_qwen3
+    from trainer.task.char_model import checkpoint_tensors, make_char_qwen3
 
     audit_commits()
     t0 = time.perf_counter()
     root = tempfile.mkdtemp(prefix="bench-fault-matrix-")
-    model = make_tiny_qwen3(os.path.join(root, "model"), seed=0)
+    model = make_char_qwen3(os.path.join(root, "model"), seed=0)
     bits = {n: to_bf16_bits(t).copy() for n, t in checkpoint_tensors(model).items()}
     other = other_run(root, bits)
     rows = []

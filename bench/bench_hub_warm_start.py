@@ -3,10 +3,10 @@ of new games, sampled, parsed and checked (docs/BENCHMARKS.md section 11 (a real
 
 The model is ``make model``'s SmolLM2-135M-Instruct with the trainer's tool template
 (``trainer.task.chat_format.with_tool_template``); each point builds (or finds cached) its warm
-start (``trainer.task.hub_warm_start``) with the settings given, then samples ``--samples`` first
+start (``trainer.task.wordle.hub_warm_start``) with the settings given, then samples ``--samples`` first
 turns at temperature 1 over the whole vocabulary (as the replica's evaluation samples) from the
 prompt as the rollout renders it, in transformers on this machine. Reported: calls that parse
-(``trainer.task.wordle_task.parse_call``), five-letter words, valid guesses (the Wordle server's
+(``trainer.task.wordle.game_env.parse_call``), five-letter words, valid guesses (the Wordle server's
 word list), the SFT seconds. The replica's own evaluation of the default is in ``make train``'s
 summary; these figures compare settings with each other.
 
@@ -39,8 +39,8 @@ from trainer.task.chat_format import (  # noqa: E402
     tool_template_folder,
     with_tool_template,
 )
-from trainer.task.hub_warm_start import HubWarmStartConfig, hub_warm_start  # noqa: E402
-from trainer.task.wordle_task import RESET_TEXT, guess_tool, parse_call, prompt_messages  # noqa: E402
+from trainer.task.wordle.game_env import RESET_TEXT, guess_tool, parse_call, prompt_messages  # noqa: E402
+from trainer.task.wordle.hub_warm_start import HubWarmStartConfig, hub_warm_start  # noqa: E402
 
 
 def first_calls(path: str, samples: int, seed: int = 0) -> dict:

@@ -30,13 +30,13 @@ sys.path.insert(0, REPO)
 
 def make_model(path: str, size: str) -> int:
     """Create the model folder; returns its parameter count. size: ``tiny`` or ``HIDDENxLAYERS``."""
-    from trainer.task.tiny_model import make_tiny_qwen3
+    from trainer.task.char_model import make_char_qwen3
 
     if size == "tiny":
-        make_tiny_qwen3(path)
+        make_char_qwen3(path)
     else:
         hidden, layers = (int(x) for x in size.split("x"))
-        make_tiny_qwen3(
+        make_char_qwen3(
             path,
             hidden_size=hidden,
             intermediate_size=3 * hidden,
@@ -45,7 +45,7 @@ def make_model(path: str, size: str) -> int:
             num_key_value_heads=max(1, hidden // 256),
             vocab_size=32000,
         )
-    from trainer.task.tiny_model import checkpoint_tensors
+    from trainer.task.char_model import checkpoint_tensors
 
     return sum(t.numel() for t in checkpoint_tensors(path).values())
 
@@ -67,7 +67,7 @@ def bench_size(size: str, deltas: int, density: float, root: str) -> dict:
     from deltasync.status import read_heartbeats
     from deltasync.store import Store
     from trainer.local import children, replica_poll
-    from trainer.task.tiny_model import checkpoint_tensors
+    from trainer.task.char_model import checkpoint_tensors
 
     model = os.path.join(root, f"model-{size}")
     n_params = make_model(model, size)

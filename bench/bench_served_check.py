@@ -85,11 +85,11 @@ def main(argv: list[str] | None = None) -> dict:
     from rollout.staging import write_stage
     from rollout.sync_loop import SyncLoop
     from trainer.local.ports import free_port
-    from trainer.task.tiny_model import checkpoint_tensors, make_tiny_qwen3
+    from trainer.task.char_model import checkpoint_tensors, make_char_qwen3
 
     root = tempfile.mkdtemp(prefix="bench-check-")
     tiny = args.model == "tiny"
-    model = make_tiny_qwen3(os.path.join(root, "tiny")) if tiny else os.path.abspath(args.model)
+    model = make_char_qwen3(os.path.join(root, "tiny")) if tiny else os.path.abspath(args.model)
     bits = {n: to_bf16_bits(t).copy() for n, t in checkpoint_tensors(model).items()}
     bucket = os.path.join(root, "bucket")
     with DeltaPublisher(bucket) as pub:

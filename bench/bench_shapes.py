@@ -37,7 +37,7 @@ from deltasync.subscriber import DeltaSubscriber, HeldWeights
 MODELS = {
     "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936, True),
     "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936, False),
-    # the local model's (trainer/task/wordle_model.py; bench_catch_up.py's "local"): --smoke's
+    # the local model's (trainer/task/wordle/model.py; bench_catch_up.py's "local"): --smoke's
     "local": (192, 384, 2, 4, 2, 64, 5056, False),
 }
 

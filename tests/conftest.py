@@ -52,7 +52,7 @@ def e2e_warm_start(tmp_path_factory) -> dict:
     """The trainer flags of the end-to-end tests' warm start (``E2E_WARM_START`` and
     ``cache_dir``), built once for the whole run in a cache folder shared by make test's workers;
     a file lock makes the second worker wait for the first one's build instead of building it
-    again (``trainer.task.warm_start`` keys its cache by every input, so a run with these fields
+    again (``trainer.task.wordle.warm_start`` keys its cache by every input, so a run with these fields
     finds it there)."""
     from filelock import FileLock
 
@@ -65,7 +65,7 @@ def e2e_warm_start(tmp_path_factory) -> dict:
     cache.mkdir(exist_ok=True)
     with FileLock(str(shared / "warm-start-cache.lock")):
         cfg = TrainConfig.from_flags(cache_dir=str(cache), **E2E_WARM_START)
-        initial_model(cfg.run, cfg.task(), cfg.warm_start)
+        initial_model(cfg.run, cfg.task(), cfg.local_model)
     return {**E2E_WARM_START, "cache_dir": str(cache)}
 
 

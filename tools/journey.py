@@ -80,7 +80,7 @@ def local_model(cache_dir: str | None, warm_start_args: list[str]) -> str:
     for flag in it:
         flags[flag.lstrip("-").replace("-", "_")] = type_of(next(it))
     cfg = TrainConfig.from_flags(**flags)
-    return initial_model(cfg.run, cfg.task(), cfg.warm_start)[0]
+    return initial_model(cfg.run, cfg.task(), cfg.local_model)[0]
 
 
 def type_of(value: str):

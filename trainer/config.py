@@ -11,7 +11,7 @@ section         class                                  given to
 ``fleet``       :class:`FleetSettings`                 the replica pool and router, the env URL
 ``grpo``        :class:`GRPOSettings`                  ``trainer.loop.grpo.build_trainer``
 ``publish``     ``deltasync.publisher.PublisherConfig`` the publisher (anchors, retention, diff)
-``warm_start``  ``trainer.task.warm_start.WarmStartConfig``the task's local model (``--model tiny``)
+``local_model`` :class:`LocalModelSettings`            the task's own model (``--model tiny``)
 ``eval``        :class:`EvalSettings`                  the held-out evaluations
 ``adapter``     :class:`AdapterSettings`               ``trainer.loop.trained_weights``
 ``local``       :class:`LocalSettings`                 the children started on this machine
@@ -20,9 +20,9 @@ section         class                                  given to
 The command line and the ``make`` variables are flat (``--max-steps``, ``STEPS``): :data:`FLAGS`
 maps each flag onto its section and field, and ``--help`` lists them by section.
 
-With no bucket and no URLs (``make train``), everything runs on this machine: a tiny model
-created locally, a bucket folder under ``runs/<run_id>/bucket``, and a Wordle server and a vLLM
-replica started as child processes on 127.0.0.1.
+With no bucket and no URLs (``make train``), everything runs on this machine: the task's local
+model (``--model tiny``) created here, a bucket folder under ``runs/<run_id>/bucket``, and a
+Wordle server and a vLLM replica started as child processes on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from trainer.settings import (
     FleetSettings,
     GRPOConfigError,
     GRPOSettings,
+    LocalModelSettings,
     LocalSettings,
     NetConfigError,
     RunConfigError,
@@ -58,7 +59,6 @@ from trainer.settings import (
     Secrets,
 )
 from trainer.task.base import Task, load_task
-from trainer.task.warm_start import WarmStartConfig
 
 __all__ = [  # the sections and their errors, re-exported for callers of the whole config
     "ADAPTERS",
@@ -124,17 +124,17 @@ class TrainConfig:
     fleet: FleetSettings = field(default_factory=FleetSettings)
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
     publish: PublisherConfig = field(default_factory=PublisherConfig)
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    local_model: LocalModelSettings = field(default_factory=LocalModelSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
     adapter: AdapterSettings = field(default_factory=AdapterSettings)
     local: LocalSettings = field(default_factory=LocalSettings)
 
     def __post_init__(self) -> None:
-        tiny, full = self.run.tiny, self.adapter.kind is None
+        local, full = self.run.trains_local_model, self.adapter.kind is None
         if self.grpo.learning_rate is None:
-            self.grpo.learning_rate = 2e-4 if tiny else (1e-6 if full else 1e-5)
+            self.grpo.learning_rate = 2e-4 if local else (1e-6 if full else 1e-5)
         if self.grpo.tie_answer_rows is None:
-            self.grpo.tie_answer_rows = tiny and full
+            self.grpo.tie_answer_rows = local and full
         task = self.task()
         self.eval.check_seeds(task.eval_seed_count)
         if self.grpo.turn_credit and task.turn_rewards is None:
@@ -150,7 +150,7 @@ class TrainConfig:
                 f"pays ({', '.join(task.rewards) or 'none to choose from'}); "
                 + (f"use e.g. --reward {task.rewards[0]}" if task.rewards else "drop --reward")
             )
-        self.warm_start = dataclasses.replace(self.warm_start, seed=self.run.seed)  # one seed
+        self.local_model = dataclasses.replace(self.local_model, seed=self.run.seed)  # one seed
         rebuilds = self.grpo.off_policy != "off" or self.grpo.off_policy_stats
         if rebuilds and not full:
             raise AdapterConfigError(
@@ -259,10 +259,10 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "new_run": ("publish", "new_run", None),
     "adaptive_cadence": ("publish", "adaptive_cadence", None),
     "hub_plan": ("publish", "hub_plan", None),
-    "warm_start_games": ("warm_start", "games", None),
-    "warm_start_epochs": ("warm_start", "epochs", None),
-    "model_hidden_size": ("warm_start", "hidden_size", None),
-    "model_layers": ("warm_start", "layers", None),
+    "warm_start_games": ("local_model", "games", None),
+    "warm_start_epochs": ("local_model", "epochs", None),
+    "model_hidden_size": ("local_model", "hidden_size", None),
+    "model_layers": ("local_model", "layers", None),
     "eval_episodes": ("eval", "episodes", None),
     "eval_every": ("eval", "every", None),
     "eval_curve_episodes": ("eval", "curve_episodes", None),
@@ -299,7 +299,7 @@ def hub_cpu_defaults(kw: dict, cuda: bool | None = None) -> dict:
     Raises:
         deltasync.cpu_dtype.CpuDtypeError: ``DELTASYNC_CPU_DTYPE`` holds an unknown dtype."""
     probe = RunSettings(bucket=kw.get("bucket"), model=kw.get("model"))
-    if probe.tiny:
+    if probe.trains_local_model:
         return kw
     if cuda is None:
         import torch
@@ -433,12 +433,12 @@ def model_defaults_line(cfg: TrainConfig, given: dict) -> str:
     that ``TrainConfig.__post_init__`` sets by model and adapter; ``given``: the flags and
     variables the user set. Each is overridden by its flag. Then the dtype the run trains in and
     why (:func:`train_dtype`)."""
-    hub_cpu = cfg.run.tiny is False and hub_cpu_defaults(dict(given)) != given
+    hub_cpu = cfg.run.trains_local_model is False and hub_cpu_defaults(dict(given)) != given
     chosen = [k for k in HUB_CPU_DEFAULTS if hub_cpu and k not in given]
     chosen += [
         k for k in ("learning_rate", "tie_answer_rows") if k not in given and k not in chosen
     ]
-    where = "the local model" if cfg.run.tiny else cfg.run.model_id()
+    where = "the local model" if cfg.run.trains_local_model else cfg.run.model_id()
     where += " without CUDA (HUB_CPU_DEFAULTS)" if hub_cpu else ""
     pairs = ", ".join(f"--{k.replace('_', '-')} {_flag_value(cfg, k)}" for k in chosen)
     dtype = train_dtype(cfg.grpo)

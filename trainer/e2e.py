@@ -1,7 +1,7 @@
 """``make e2e``: the whole system on one machine, with faults, and a report.
 
-Trainer (TRL AsyncGRPO, tiny model) + the Wordle Space + TWO vLLM replicas + the dashboard, on a
-file bucket, for enough steps to cross several anchors:
+Trainer (TRL AsyncGRPO, the local model) + the Wordle Space + TWO vLLM replicas + the dashboard, on
+a file bucket, for enough steps to cross several anchors:
 
 - replica ``local-0`` serves the trainer's rollouts from the start, through the fleet router;
 - replica ``local-1`` starts late (after ``late_at`` steps), catches up from an anchor, joins the
@@ -384,7 +384,7 @@ def main() -> None:
     p.add_argument(
         "--model",
         default=os.environ.get("MODEL") or None,
-        help="the model to start from (MODEL=; default: the warm-started tiny one)",
+        help="the model to start from (MODEL=; default: the warm-started local one, tiny)",
     )
     a = p.parse_args()
     logging.basicConfig(

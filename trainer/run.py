@@ -1,9 +1,9 @@
 """The training job: TRL's AsyncGRPOTrainer on the run's task (Wordle by default), publishing every
 update to the bucket.
 
-``python -m trainer`` (or ``make train``). The local default creates a tiny model, starts the
-task's environment server and a vLLM replica as children, trains for ``max_steps`` steps, and
-prints a summary.
+``python -m trainer`` (or ``make train``). The local default creates the task's local model
+(``--model tiny``), starts the task's environment server and a vLLM replica as children, trains
+for ``max_steps`` steps, and prints a summary.
 Restart: a run whose bucket already holds versions resumes from the newest one (the model weights
 are rebuilt from the bucket's newest anchor and deltas; the optimizer state starts fresh) and
 continues the version sequence with an anchor.
@@ -52,7 +52,7 @@ def run(cfg: TrainConfig, callbacks=(), publisher_hook=None, before_stop=None) -
         )
     t_start = time.time()
     with RunStack(cfg, weights, task) as stack:
-        base_model, warm_start_s = initial_model(cfg.run, task, cfg.warm_start)
+        base_model, warm_start_s = initial_model(cfg.run, task, cfg.local_model)
         model_path = resume_point(cfg.run, stack.store, base_model)
         rollouts = stack.start(model_path, publisher_hook)
         metrics = BucketMetricsCallback.for_run(stack, rollouts.publisher, task)

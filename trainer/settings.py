@@ -5,6 +5,7 @@ section from here and is handed only that.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -26,7 +27,7 @@ _VERSIONED = re.compile(r".*-v[0-9]+")
 # Teacher games of the warm start of a hub model that has never been shown a tool
 # (``RunSettings.hub_warm_start_games``), whole games (``RunSettings.hub_warm_start_turns`` 6):
 # about 10 minutes of SFT for SmolLM2-135M on 2 cores, after which nearly all its calls parse
-# (``trainer.task.hub_warm_start.HubWarmStartConfig``; docs/BENCHMARKS.md section 11).
+# (``trainer.task.wordle.hub_warm_start.HubWarmStartConfig``; docs/BENCHMARKS.md section 11).
 HUB_WARM_START_GAMES = 128
 
 
@@ -74,7 +75,7 @@ class RunSettings:
         task: the environment trained on (``trainer.task.base.load_task``): ``wordle``, or
             ``package.module:NAME`` naming your own ``trainer.task.base.Task``.
         hub_warm_start_games: teacher games a hub model (or model folder) is fine-tuned on before
-            GRPO (``trainer.task.hub_warm_start``; each cut to ``hub_warm_start_turns`` calls; 0:
+            GRPO (``trainer.task.wordle.hub_warm_start``; each cut to ``hub_warm_start_turns`` calls; 0:
             none). None: ``HUB_WARM_START_GAMES`` when the model's chat template has no tools (it
             has never been shown one: SmolLM2-135M-Instruct wrote 0 parsable calls in 512 games),
             else 0 (Qwen3 keeps its own tool calling).
@@ -173,7 +174,7 @@ class RunSettings:
         return RunKey.load(deployed) if os.path.exists(deployed) else None
 
     @property
-    def tiny(self) -> bool:
+    def trains_local_model(self) -> bool:
         """Whether the run trains the local model: ``tiny``, or a folder the local model's
         warm start built (it holds ``warm_start.json``; ``make spaces MODEL=<that folder>`` gives
         it to a rollout Space and prints it in the ``make train`` line)."""
@@ -281,7 +282,7 @@ class GRPOSettings:
             ``(r - mean) / std`` over the group, what TRL's async worker does (docs/BENCHMARKS.md
             section 6 compares them).
         tie_answer_rows: GRPO changes the local model's answer rows only along their spelling
-            (``trainer.task.spelling_tie``), so what it learns on training words reaches held-out
+            (``trainer.task.wordle.spelling_tie``), so what it learns on training words reaches held-out
             words. None (resolved by :class:`TrainConfig`): on for the local model trained in
             full, off otherwise (a hub tokenizer does not hold the answers as single tokens).
         per_device_train_batch_size: episodes generated concurrently and queued for the trainer
@@ -328,7 +329,7 @@ class GRPOSettings:
         reward: which of the task's episode rewards GRPO trains on (``Task.rewards``; Wordle:
             ``best``, the best row's credit with a stop penalty, or ``game``, what the game pays:
             the last row's credit, so stopping on a good row keeps it; both less 0.1 an invalid
-            move, ``trainer.task.wordle_task.episode_reward``). None (resolved by
+            move, ``trainer.task.wordle.game_env.episode_reward``). None (resolved by
             :class:`~trainer.config.TrainConfig`): the task's first.
         max_dropped_fraction: a step whose dropped episodes (the environment failed them: no
             reward, ``trainer.loop.rollout_tagging``) are more than this share of its episodes
@@ -518,6 +519,31 @@ class AdapterSettings:
                 "letter or digit) not ending in -v<N> (replicas serve versions as NAME-v<N>), "
                 f"found {self.name!r}; use e.g. 'policy'"
             )
+
+
+@dataclass(frozen=True)
+class LocalModelSettings:
+    """The run's settings of the task's own small model (``--model tiny``, the local default).
+    Each task's ``Task.local_model`` reads the fields that apply to it; None keeps the task's
+    default. All of them are part of the task's cache key.
+
+    Attributes:
+        games: teacher games of its warm start (None: the task's; Wordle's 3000).
+        epochs: passes over them (None: the task's; Wordle's 3).
+        hidden_size: the model's hidden size (None: the task's; Wordle's 192).
+        layers: its decoder layers (None: the task's; Wordle's 2).
+        seed: games, initial weights and data order (the run's ``--seed``).
+    """
+
+    games: int | None = None
+    epochs: int | None = None
+    hidden_size: int | None = None
+    layers: int | None = None
+    seed: int = 0
+
+    def given(self) -> dict:
+        """The fields set, by name (None ones left out)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclass

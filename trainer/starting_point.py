@@ -8,15 +8,17 @@ import os
 import shutil
 
 from deltasync.store import Store
-from trainer.settings import TINY, RunSettings
+from trainer.settings import TINY, LocalModelSettings, RunSettings
 from trainer.task.base import Task, TaskError
 
 log = logging.getLogger("trainer")
 
 
-def initial_model(run: RunSettings, task: Task, warm_start_config) -> tuple[str, float]:
+def initial_model(
+    run: RunSettings, task: Task, local_model: LocalModelSettings
+) -> tuple[str, float]:
     """The model a new run starts from and the seconds spent building it: for ``tiny``, the
-    task's own local model (``task.local_model``, built from ``warm_start_config``, cached); for
+    task's own local model (``task.local_model``, built with ``local_model``, cached); for
     a hub id or a folder, the model with a tool-capable chat template
     (``trainer.task.chat_format.with_tool_template``) and, when ``run.hub_warm_start_game_count``
     asks for games and the task has a teacher, its warm start (``task.warm_start``, cached).
@@ -27,7 +29,7 @@ def initial_model(run: RunSettings, task: Task, warm_start_config) -> tuple[str,
         trainer.task.TaskError: ``--model tiny`` with a task that has no local model.
     """
     model, cache = run.model_id(), run.cache
-    if run.tiny and model != TINY:  # the local model's folder, built before
+    if run.trains_local_model and model != TINY:  # the local model's folder, built before
         return os.path.abspath(model), 0.0
     if model != TINY:
         from trainer.task.chat_format import tool_template_folder, with_tool_template
@@ -42,7 +44,7 @@ def initial_model(run: RunSettings, task: Task, warm_start_config) -> tuple[str,
             f"--model tiny with task {task.name!r}: expected a task with a local model, found "
             "none; pass --model <hub id or model folder>"
         )
-    return task.local_model(run, warm_start_config)
+    return task.local_model(run, local_model)
 
 
 def resume_point(run: RunSettings, store: Store, model: str) -> str:

@@ -1,5 +1,5 @@
 """The example's own small model for the local default (``--model tiny``, ``make train
-TASK=number_guess``): a ~0.2 M-parameter Qwen3 (``trainer.task.tiny_model``) taught to call
+TASK=number_guess``): a ~0.2 M-parameter Qwen3 (``trainer.task.char_model``) taught to call
 ``guess`` by a teacher's games, so that the task trains offline on 2 cores. A task needs no local
 model (``--model`` names a real one); this one has it so that the example, and its test, run
 without a download.
@@ -104,7 +104,7 @@ def teacher_game(rng: random.Random, cfg: LocalModelConfig) -> list[dict]:
 
 def _tokenizer(texts: list[str]):
     """The char-level tokenizer plus the numbers and the repeated segments of ``texts``."""
-    from trainer.task.tiny_model import make_char_tokenizer
+    from trainer.task.char_model import make_char_tokenizer
 
     tokenizer = make_char_tokenizer()
     counts = Counter(
@@ -162,8 +162,8 @@ def build(path: str, cfg: LocalModelConfig) -> dict:
     from transformers import AutoModelForCausalLM
 
     from examples.number_guess.env import NumberGuessEnv
+    from trainer.task.char_model import make_char_qwen3, make_char_tokenizer
     from trainer.task.chat_format import render_turns
-    from trainer.task.tiny_model import make_char_tokenizer, make_tiny_qwen3
 
     t0 = time.perf_counter()
     rng = random.Random(cfg.seed)
@@ -173,7 +173,7 @@ def build(path: str, cfg: LocalModelConfig) -> dict:
     tokenizer = _tokenizer([render_turns(plain, g, tools) for g in games])
     seqs = [_encode(render_turns(tokenizer, g, tools), tokenizer) for g in games]
     vocab = -(-len(tokenizer) // 64) * 64
-    make_tiny_qwen3(path, seed=cfg.seed, hidden_size=64, intermediate_size=128, vocab_size=vocab)
+    make_char_qwen3(path, seed=cfg.seed, hidden_size=64, intermediate_size=128, vocab_size=vocab)
     tokenizer.save_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     loss = _train(model, seqs, cfg, tokenizer.pad_token_id)
@@ -187,12 +187,16 @@ def build(path: str, cfg: LocalModelConfig) -> dict:
     }
 
 
-def local_model(run, _warm_start_settings=None, cfg: LocalModelConfig | None = None):
+def local_model(run, settings=None, cfg: LocalModelConfig | None = None):
     """``Task.local_model``: the model's folder under ``run.cache`` (built once, by one process
-    at a time) and the seconds spent building it now (0 when cached)."""
+    at a time) and the seconds spent building it now (0 when cached). ``settings``: the run's
+    ``trainer.settings.LocalModelSettings``, whose ``games``, ``epochs`` and ``seed`` override
+    :class:`LocalModelConfig`'s (the model's size is fixed here); ``cfg``: all of it instead."""
     from filelock import FileLock
 
-    cfg = cfg or LocalModelConfig()
+    if cfg is None:
+        given = settings.given() if settings is not None else {}
+        cfg = LocalModelConfig(**{k: given[k] for k in ("games", "epochs", "seed") if k in given})
     key = json.dumps({**asdict(cfg), "build": BUILD_VERSION}, sort_keys=True)
     path = os.path.join(run.cache, "number-guess-" + hashlib.sha256(key.encode()).hexdigest()[:16])
     os.makedirs(run.cache, exist_ok=True)

@@ -60,10 +60,10 @@ def eval_row(seed: int) -> dict:
     return {"prompt": prompt_messages(), "seed": seed}
 
 
-def _local_model(run, warm_start_settings) -> tuple[str, float]:
+def _local_model(run, settings) -> tuple[str, float]:
     from examples.number_guess.local_model import local_model
 
-    return local_model(run, warm_start_settings)
+    return local_model(run, settings)
 
 
 TASK = Task(

@@ -23,11 +23,11 @@ STARTUP_TIMEOUT_S = 420.0
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> str:
+def char_model_dir(tmp_path_factory) -> str:
     """The tiny untied Qwen3 (random init, seed 0) saved as a bf16 model folder."""
-    from trainer.task.tiny_model import make_tiny_qwen3
+    from trainer.task.char_model import make_char_qwen3
 
-    return make_tiny_qwen3(str(tmp_path_factory.mktemp("tiny-qwen3")), seed=0)
+    return make_char_qwen3(str(tmp_path_factory.mktemp("tiny-qwen3")), seed=0)
 
 
 @dataclass
@@ -63,9 +63,9 @@ def vllm_test_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model_dir, tmp_path_factory) -> Iterator[VLLMServer]:
+def vllm_server(char_model_dir, tmp_path_factory) -> Iterator[VLLMServer]:
     """One real vLLM server for the whole session (skipped when vLLM is not installed)."""
-    yield from serve_tiny_vllm(tiny_model_dir, str(tmp_path_factory.mktemp("vllm")))
+    yield from serve_tiny_vllm(char_model_dir, str(tmp_path_factory.mktemp("vllm")))
 
 
 def serve_tiny_vllm(model: str, log_dir: str, **kwargs) -> Iterator[VLLMServer]:

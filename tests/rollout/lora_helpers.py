@@ -14,7 +14,7 @@ from deltasync.bf16 import from_bf16_bits, to_bf16_bits
 from deltasync.manifest import MANIFEST_PATH, AdapterInfo
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from rollout.engine import EngineControlError
-from trainer.task.tiny_model import checkpoint_tensors
+from trainer.task.char_model import checkpoint_tensors
 
 from .rollout_helpers import FakeEngine, perturb
 

@@ -13,7 +13,7 @@ from deltasync.bf16 import from_bf16_bits, to_bf16_bits
 from deltasync.publisher import DeltaPublisher, PublisherConfig
 from rollout.apply_plan import DEFAULT_PACKED_MODULES
 from rollout.engine import EngineControlError
-from trainer.task.tiny_model import checkpoint_tensors
+from trainer.task.char_model import checkpoint_tensors
 
 # Tensors changed in each delta version (None: all). Versions 1-2 touch one shard of a fused
 # parameter only (q_proj, then k_proj; up_proj, then gate_proj), so a reload that forgot the

@@ -80,8 +80,8 @@ def test_lora_settings_and_vllm_command():
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in vllm_env({}, "/m/tiny")
 
 
-def test_follows_adapter_versions_bit_exact_without_a_pause(tiny_model_dir, bucket, tmp_path):
-    tr = LoraTrainer(tiny_model_dir, bucket, anchor_every=3)
+def test_follows_adapter_versions_bit_exact_without_a_pause(char_model_dir, bucket, tmp_path):
+    tr = LoraTrainer(char_model_dir, bucket, anchor_every=3)
     eng, loop = lora_loop(tr, bucket, tmp_path)
     assert loop.poll_once() is None and loop.routes.current is None  # nothing published yet
     for _ in range(4):
@@ -107,8 +107,8 @@ def test_follows_adapter_versions_bit_exact_without_a_pause(tiny_model_dir, buck
     tr.close()
 
 
-def test_old_version_stays_loaded_while_a_request_uses_it(tiny_model_dir, bucket, tmp_path):
-    tr = LoraTrainer(tiny_model_dir, bucket)
+def test_old_version_stays_loaded_while_a_request_uses_it(char_model_dir, bucket, tmp_path):
+    tr = LoraTrainer(char_model_dir, bucket)
     eng, loop = lora_loop(tr, bucket, tmp_path)
     tr.publish()
     loop.poll_once()
@@ -133,8 +133,8 @@ def test_old_version_stays_loaded_while_a_request_uses_it(tiny_model_dir, bucket
     tr.close()
 
 
-def test_wrong_base_is_refused_and_the_replica_keeps_serving(tiny_model_dir, bucket, tmp_path):
-    tr = LoraTrainer(tiny_model_dir, bucket)
+def test_wrong_base_is_refused_and_the_replica_keeps_serving(char_model_dir, bucket, tmp_path):
+    tr = LoraTrainer(char_model_dir, bucket)
     eng, loop = lora_loop(tr, bucket, tmp_path)
     tr.publish()
     loop.poll_once()
@@ -154,10 +154,10 @@ def test_wrong_base_is_refused_and_the_replica_keeps_serving(tiny_model_dir, buc
     tr.close()
 
 
-def test_a_run_of_the_other_kind_is_refused(tiny_model_dir, tmp_path):
-    full = Trainer(tiny_model_dir, str(tmp_path / "full"))
+def test_a_run_of_the_other_kind_is_refused(char_model_dir, tmp_path):
+    full = Trainer(char_model_dir, str(tmp_path / "full"))
     full.publish()
-    adapter_run = LoraTrainer(tiny_model_dir, str(tmp_path / "lora"))
+    adapter_run = LoraTrainer(char_model_dir, str(tmp_path / "lora"))
     adapter_run.publish()
     eng, loop = lora_loop(adapter_run, str(tmp_path / "full"), tmp_path, rid="lora-on-full")
     assert loop.poll_once() is None and eng.adapters == {} and loop.served_version is None
@@ -173,8 +173,8 @@ def test_a_run_of_the_other_kind_is_refused(tiny_model_dir, tmp_path):
     adapter_run.close()
 
 
-def test_rank_above_max_lora_rank_is_refused(tiny_model_dir, bucket, tmp_path):
-    tr = LoraTrainer(tiny_model_dir, bucket, rank=16)
+def test_rank_above_max_lora_rank_is_refused(char_model_dir, bucket, tmp_path):
+    tr = LoraTrainer(char_model_dir, bucket, rank=16)
     eng, loop = lora_loop(tr, bucket, tmp_path, max_rank=8)
     tr.publish()
     assert loop.poll_once() is None and eng.calls == []
@@ -182,8 +182,8 @@ def test_rank_above_max_lora_rank_is_refused(tiny_model_dir, bucket, tmp_path):
     tr.close()
 
 
-def test_failed_load_keeps_the_old_version_and_is_retried(tiny_model_dir, bucket, tmp_path, caplog):
-    tr = LoraTrainer(tiny_model_dir, bucket)
+def test_failed_load_keeps_the_old_version_and_is_retried(char_model_dir, bucket, tmp_path, caplog):
+    tr = LoraTrainer(char_model_dir, bucket)
     eng, loop = lora_loop(tr, bucket, tmp_path)
     tr.publish()
     loop.poll_once()
@@ -209,8 +209,8 @@ def test_failed_load_keeps_the_old_version_and_is_retried(tiny_model_dir, bucket
     tr.close()
 
 
-def test_restart_unloads_what_a_previous_life_left(tiny_model_dir, bucket, tmp_path):
-    tr = LoraTrainer(tiny_model_dir, bucket, anchor_every=2)
+def test_restart_unloads_what_a_previous_life_left(char_model_dir, bucket, tmp_path):
+    tr = LoraTrainer(char_model_dir, bucket, anchor_every=2)
     eng, first = lora_loop(tr, bucket, tmp_path)
     tr.publish()
     first.poll_once()

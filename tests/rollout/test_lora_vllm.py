@@ -38,10 +38,10 @@ RANK = 8
 
 
 @pytest.fixture(scope="module")
-def lora_server(tiny_model_dir, tmp_path_factory):
+def lora_server(char_model_dir, tmp_path_factory):
     """One vLLM server with LoRA on (rank <= 8, 4 adapters) for the module."""
     yield from serve_tiny_vllm(
-        tiny_model_dir, str(tmp_path_factory.mktemp("vllm-lora")), lora=(8, 4)
+        char_model_dir, str(tmp_path_factory.mktemp("vllm-lora")), lora=(8, 4)
     )
 
 

@@ -25,11 +25,11 @@ def key() -> RunKey:
     return RunKey.generate()
 
 
-def signed_replica(tiny_model_dir, tmp_path, key: RunKey, public_key: str | None = None):
+def signed_replica(char_model_dir, tmp_path, key: RunKey, public_key: str | None = None):
     """A signing trainer that published v0 and v1, and a replica with the run's public key
     serving v1."""
     bucket = str(tmp_path / "bucket")
-    tr = Trainer(tiny_model_dir, bucket, signer=key)
+    tr = Trainer(char_model_dir, bucket, signer=key)
     eng = FakeEngine({n: a.shape for n, a in tr.bits.items()})
     loop = SyncLoop(
         bucket, eng, "signed", stage_dir=str(tmp_path / "stage"), public_key=key.public_key
@@ -44,8 +44,8 @@ def heartbeat(loop) -> dict:
     return json.loads(loop.store.read_bytes(heartbeat_path(loop.replica_id)))
 
 
-def test_a_signed_run_is_served_bit_for_bit(tiny_model_dir, tmp_path, key):
-    tr, eng, loop = signed_replica(tiny_model_dir, tmp_path, key)
+def test_a_signed_run_is_served_bit_for_bit(char_model_dir, tmp_path, key):
+    tr, eng, loop = signed_replica(char_model_dir, tmp_path, key)
     assert_exact(eng, loop, tr, 1)
     for _ in range(2):
         v = tr.publish_many(1)
@@ -85,9 +85,9 @@ ATTACKS = {
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
-def test_a_forged_version_is_refused_and_the_served_one_kept(tiny_model_dir, tmp_path, key, attack):
+def test_a_forged_version_is_refused_and_the_served_one_kept(char_model_dir, tmp_path, key, attack):
     forge, kind, why = ATTACKS[attack]
-    tr, eng, loop = signed_replica(tiny_model_dir, tmp_path, key)
+    tr, eng, loop = signed_replica(char_model_dir, tmp_path, key)
     v2 = tr.publish_many(1)  # v2 is in the bucket, then its manifest is forged
     manifest = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
     loop.store.write_bytes(MANIFEST_PATH, forge(loop.store, manifest))
@@ -103,8 +103,8 @@ def test_a_forged_version_is_refused_and_the_served_one_kept(tiny_model_dir, tmp
     tr.close()
 
 
-def test_a_replayed_older_signed_manifest_is_refused(tiny_model_dir, tmp_path, key):
-    tr, eng, loop = signed_replica(tiny_model_dir, tmp_path, key)
+def test_a_replayed_older_signed_manifest_is_refused(char_model_dir, tmp_path, key):
+    tr, eng, loop = signed_replica(char_model_dir, tmp_path, key)
     old = loop.store.read_bytes(MANIFEST_PATH)  # v1's, validly signed by the run key
     v2 = tr.publish_many(1)
     loop.poll_once()
@@ -119,9 +119,9 @@ def test_a_replayed_older_signed_manifest_is_refused(tiny_model_dir, tmp_path, k
     tr.close()
 
 
-def test_an_unsigned_run_is_never_served_by_a_replica_with_a_key(tiny_model_dir, tmp_path, key):
+def test_an_unsigned_run_is_never_served_by_a_replica_with_a_key(char_model_dir, tmp_path, key):
     bucket = str(tmp_path / "bucket")
-    tr = Trainer(tiny_model_dir, bucket)  # publishes without a key
+    tr = Trainer(char_model_dir, bucket)  # publishes without a key
     eng = FakeEngine({n: a.shape for n, a in tr.bits.items()})
     loop = SyncLoop(bucket, eng, "r", stage_dir=str(tmp_path / "s"), public_key=key.public_key)
     loop.connect()

@@ -39,7 +39,7 @@ def served_matches(eng: FakeEngine, trainer: Trainer, version: int) -> bool:
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_failed_stage_never_serves_mixed_weights(
-    tiny_model_dir, bucket, tmp_path, device, monkeypatch
+    char_model_dir, bucket, tmp_path, device, monkeypatch
 ):
     """The reviewer's case: staging v2 (it changes ``down_proj``) hits a full disk once; v3
     changes only ``model.norm.weight``. Before, v3's delta was staged onto v1 and the replica
@@ -47,7 +47,7 @@ def test_a_failed_stage_never_serves_mixed_weights(
     stage goes from what vLLM serves (v1) to v3, and every served tensor is v3's."""
     import rollout.staging as staging
 
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 1, device=device)
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 1, device=device)
     assert_exact(eng, loop, tr, 1)
     real, calls = staging.serialize_file, []
 
@@ -75,13 +75,13 @@ def test_a_failed_stage_never_serves_mixed_weights(
 
 
 def test_a_stage_that_does_not_start_at_the_served_version_reloads_every_tensor(
-    tiny_model_dir, bucket, tmp_path
+    char_model_dir, bucket, tmp_path
 ):
     """The staging's own guard: a pull whose plan starts elsewhere than the served version is
     staged as every tensor, never as patches onto the wrong base."""
     from rollout.staging import stage_pull
 
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 1)
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 1)
     tr.publish([DOWN])
     pulled = loop.follower.poll()  # held v2, not served
     assert pulled.plan.from_version == 1
@@ -94,12 +94,12 @@ def test_a_stage_that_does_not_start_at_the_served_version_reloads_every_tensor(
 
 @pytest.mark.parametrize("fault", ["fail_set_version", "fail_resume"])
 def test_a_failed_version_record_or_resume_is_not_ready_until_reloaded(
-    tiny_model_dir, bucket, tmp_path, fault
+    char_model_dir, bucket, tmp_path, fault
 ):
     """After the apply, recording the version or resuming fails once: the replica is not ready
     (the front answers 503), its status is ``recovering``, never ``ok``; the next poll reloads
     every tensor, records the version and resumes, and it serves the version it reports."""
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, device="cuda")
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, device="cuda")
     v = tr.publish_many(1)
     setattr(eng, fault, 2)  # the sync's call, and the same call in its immediate full reload
     assert loop.poll_once() is None
@@ -114,8 +114,8 @@ def test_a_failed_version_record_or_resume_is_not_ready_until_reloaded(
     tr.close()
 
 
-def test_a_failed_prefix_reset_is_retried_not_fatal(tiny_model_dir, bucket, tmp_path):
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path)
+def test_a_failed_prefix_reset_is_retried_not_fatal(char_model_dir, bucket, tmp_path):
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path)
     v = tr.publish_many(1)
     eng.fail_reset = 1
     rec = loop.poll_once()
@@ -127,12 +127,12 @@ def test_a_failed_prefix_reset_is_retried_not_fatal(tiny_model_dir, bucket, tmp_
 
 
 def test_an_old_manifest_written_back_never_moves_a_replica_backward(
-    tiny_model_dir, bucket, tmp_path
+    char_model_dir, bucket, tmp_path
 ):
     """Writing v1's manifest back over v2's (a replay, or a cache answering a stale read) used
     to move the replica to v1 with status ok. Now it is ignored and reported, the replica keeps
     serving v2, and once the current manifest is read again it is ok."""
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 1)
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 1)
     old = loop.store.read_bytes(MANIFEST_PATH)
     v2 = tr.publish_many(1)
     loop.poll_once()
@@ -152,9 +152,9 @@ def test_an_old_manifest_written_back_never_moves_a_replica_backward(
     tr.close()
 
 
-def test_a_manifest_of_another_run_is_refused(tiny_model_dir, bucket, tmp_path):
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 1)
-    other = Trainer(tiny_model_dir, str(tmp_path / "other"), seed=3)
+def test_a_manifest_of_another_run_is_refused(char_model_dir, bucket, tmp_path):
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 1)
+    other = Trainer(char_model_dir, str(tmp_path / "other"), seed=3)
     other.publish_many(4)  # another run, further on
     foreign = other.pub.store.read_bytes(MANIFEST_PATH)
     assert (
@@ -173,11 +173,11 @@ def test_a_manifest_of_another_run_is_refused(tiny_model_dir, bucket, tmp_path):
 
 
 def test_a_replica_that_starts_after_faults_serves_the_newest_version_whole(
-    tiny_model_dir, bucket, tmp_path
+    char_model_dir, bucket, tmp_path
 ):
     """The outcome a user checks across the faults above: a second replica started fresh and the
     faulted one serve the same bits, the trainer's newest."""
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 2)
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 2)
     eng.fail_set_version = 2
     v = tr.publish_many(1)
     loop.poll_once()
@@ -191,13 +191,13 @@ def test_a_replica_that_starts_after_faults_serves_the_newest_version_whole(
 
 
 def test_the_full_weights_check_finds_a_wrong_tensor_no_patch_touched_and_repairs_it(
-    tiny_model_dir, bucket, tmp_path
+    char_model_dir, bucket, tmp_path
 ):
     """A served tensor goes wrong behind the sync's back (the worker's own in-place check covers
     only the tensors in a patch): the check compares every served tensor's digest with the
     version's verified digests, names the tensor, repairs it by a full reload, and a clean check
     follows."""
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 2)
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 2)
     first = loop.check_served()
     assert first["mismatched"] == [] and first["tensors"] == len(tr.bits)
     assert loop.status == "ok"
@@ -217,12 +217,12 @@ def test_the_full_weights_check_finds_a_wrong_tensor_no_patch_touched_and_repair
 
 
 def test_a_recovery_is_checked_and_a_reload_that_does_not_serve_the_bits_stays_paused(
-    tiny_model_dir, bucket, tmp_path, monkeypatch
+    char_model_dir, bucket, tmp_path, monkeypatch
 ):
     """After a full reload the check runs at once; an engine whose reload leaves a wrong tensor
     (here: one reload that skips a tensor) is not ready and stays paused until a reload that
     serves the bits."""
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path)
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path)
     v = tr.publish_many(1)
     eng.fail_next = 1  # the apply fails: a full reload follows
     real_apply, skipped = eng.apply, []
@@ -247,12 +247,12 @@ def test_a_recovery_is_checked_and_a_reload_that_does_not_serve_the_bits_stays_p
     tr.close()
 
 
-def test_the_check_runs_on_its_schedule(tiny_model_dir, bucket, tmp_path):
+def test_the_check_runs_on_its_schedule(char_model_dir, bucket, tmp_path):
     """``check_interval_s``: a poll that finds nothing new checks once the interval passed."""
     from rollout.sync_loop import SyncLoop
 
     now = [0.0]
-    tr = Trainer(tiny_model_dir, bucket)
+    tr = Trainer(char_model_dir, bucket)
     eng = FakeEngine({n: a.shape for n, a in tr.bits.items()})
     loop = SyncLoop(
         bucket,

@@ -33,9 +33,9 @@ def make(trainer: Trainer, bucket: str, tmp_path, device="cpu", rid="r0"):
     return eng, loop
 
 
-def serving(tiny_model_dir, bucket, tmp_path, deltas=0, device="cpu", **trainer_kw):
+def serving(char_model_dir, bucket, tmp_path, deltas=0, device="cpu", **trainer_kw):
     """A trainer that published v0 and ``deltas`` deltas, and a loop that serves the newest."""
-    tr = Trainer(tiny_model_dir, bucket, **trainer_kw)
+    tr = Trainer(char_model_dir, bucket, **trainer_kw)
     eng, loop = make(tr, bucket, tmp_path, device)
     tr.publish_many(deltas)
     loop.poll_once()
@@ -52,8 +52,8 @@ def assert_exact(eng: FakeEngine, loop: SyncLoop, trainer: Trainer, version: int
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_follows_each_version_bit_exact(tiny_model_dir, bucket, tmp_path, device):
-    tr = Trainer(tiny_model_dir, bucket)
+def test_follows_each_version_bit_exact(char_model_dir, bucket, tmp_path, device):
+    tr = Trainer(char_model_dir, bucket)
     eng, loop = make(tr, bucket, tmp_path, device)
     assert loop.apply_path == ("reload" if device == "cpu" else "in-place")
     assert loop.poll_once() is None  # nothing published yet
@@ -80,8 +80,8 @@ def test_follows_each_version_bit_exact(tiny_model_dir, bucket, tmp_path, device
     tr.close()
 
 
-def test_several_versions_behind_apply_in_one_pause(tiny_model_dir, bucket, tmp_path):
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path)
+def test_several_versions_behind_apply_in_one_pause(char_model_dir, bucket, tmp_path):
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path)
     v = tr.publish_many(3)
     pauses = eng.pauses
     rec = loop.poll_once()
@@ -90,8 +90,8 @@ def test_several_versions_behind_apply_in_one_pause(tiny_model_dir, bucket, tmp_
     tr.close()
 
 
-def test_late_replica_starts_from_newest_anchor(tiny_model_dir, bucket, tmp_path):
-    tr = Trainer(tiny_model_dir, bucket, anchor_every=2)
+def test_late_replica_starts_from_newest_anchor(char_model_dir, bucket, tmp_path):
+    tr = Trainer(char_model_dir, bucket, anchor_every=2)
     v = tr.publish_many(5)
     eng, loop = make(tr, bucket, tmp_path, rid="late")
     rec = loop.poll_once()
@@ -100,8 +100,8 @@ def test_late_replica_starts_from_newest_anchor(tiny_model_dir, bucket, tmp_path
     tr.close()
 
 
-def test_corrupt_delta_is_refused_then_recovered_from_next_anchor(tiny_model_dir, bucket, tmp_path):
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 2, anchor_every=4)
+def test_corrupt_delta_is_refused_then_recovered_from_next_anchor(char_model_dir, bucket, tmp_path):
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 2, anchor_every=4)
     assert_exact(eng, loop, tr, 2)
     tr.publish_many(1)  # v3, a delta only
     m = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
@@ -123,10 +123,10 @@ def test_corrupt_delta_is_refused_then_recovered_from_next_anchor(tiny_model_dir
 
 
 @pytest.mark.parametrize("newer", [False, True])
-def test_failed_pause_is_retried(tiny_model_dir, bucket, tmp_path, newer):
+def test_failed_pause_is_retried(char_model_dir, bucket, tmp_path, newer):
     """A pause the engine refuses applies nothing; the verified version is served at the next
     poll, merged with a version published meanwhile (``newer``)."""
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, device="cuda")  # in-place: merged
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, device="cuda")  # in-place: merged
     v = tr.publish_many(1)
     eng.fail_pause = 1
     assert loop.poll_once() is None
@@ -142,10 +142,10 @@ def test_failed_pause_is_retried(tiny_model_dir, bucket, tmp_path, newer):
     tr.close()
 
 
-def test_unexpected_error_does_not_stop_the_thread(tiny_model_dir, bucket, tmp_path, monkeypatch):
+def test_unexpected_error_does_not_stop_the_thread(char_model_dir, bucket, tmp_path, monkeypatch):
     """An error nobody expected, in the poll itself, is reported, and the loop's thread goes on
     following the bucket."""
-    tr = Trainer(tiny_model_dir, bucket)
+    tr = Trainer(char_model_dir, bucket)
     eng, loop = make(tr, bucket, tmp_path)
     loop.follower.poll_interval_s = 0.05
     real, calls = loop.subscriber.read_manifest, []
@@ -168,15 +168,15 @@ def test_unexpected_error_does_not_stop_the_thread(tiny_model_dir, bucket, tmp_p
     tr.close()
 
 
-def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
+def test_wrong_base_is_refused_and_recovered(char_model_dir, bucket, tmp_path):
     """A trainer that diverged (another history to the same version numbers) publishes a delta
     whose base v2 is not the v2 the replica holds: the result digests disagree, so it is
     refused; its next anchor is taken. The diverged trainer publishes into a bucket of its own,
     and its versions are carried into the run's bucket through the public Store and Manifest."""
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 2, anchor_every=4)
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 2, anchor_every=4)
     tr.close()
     other = str(tmp_path / "diverged")
-    tr2 = Trainer(tiny_model_dir, other, anchor_every=4, seed=7)
+    tr2 = Trainer(char_model_dir, other, anchor_every=4, seed=7)
     tr2.publish()
     tr2.publish(["model.norm.weight"])
     tr2.publish(["model.norm.weight"])  # its own v2, not the replica's
@@ -205,8 +205,8 @@ def test_wrong_base_is_refused_and_recovered(tiny_model_dir, bucket, tmp_path):
     tr2.close()
 
 
-def test_failed_apply_stays_paused_until_full_reload(tiny_model_dir, bucket, tmp_path):
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path)
+def test_failed_apply_stays_paused_until_full_reload(char_model_dir, bucket, tmp_path):
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path)
     v = tr.publish_many(1)
     eng.fail_next = 2  # the apply and the first full reload fail
     assert loop.poll_once() is None
@@ -218,8 +218,8 @@ def test_failed_apply_stays_paused_until_full_reload(tiny_model_dir, bucket, tmp
     tr.close()
 
 
-def test_truncated_delta_is_refused_and_replica_keeps_serving(tiny_model_dir, bucket, tmp_path):
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 1, anchor_every=3)
+def test_truncated_delta_is_refused_and_replica_keeps_serving(char_model_dir, bucket, tmp_path):
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 1, anchor_every=3)
     tr.publish_many(1)  # v2, a delta only
     m = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
     path = m.entry(2).delta.files[0].path
@@ -237,10 +237,10 @@ def test_truncated_delta_is_refused_and_replica_keeps_serving(tiny_model_dir, bu
     tr.close()
 
 
-def test_deleted_delta_is_replanned(tiny_model_dir, bucket, tmp_path):
+def test_deleted_delta_is_replanned(char_model_dir, bucket, tmp_path):
     """A payload file that vanished (e.g. retention ran between the manifest read and the fetch)
     is reported; the replica keeps serving and follows once a path exists again."""
-    tr, eng, loop = serving(tiny_model_dir, bucket, tmp_path, 1, anchor_every=3)
+    tr, eng, loop = serving(char_model_dir, bucket, tmp_path, 1, anchor_every=3)
     tr.publish_many(1)  # v2, a delta only
     m = Manifest.from_json(loop.store.read_bytes(MANIFEST_PATH))
     loop.store.rm([m.entry(2).delta.files[0].path])
@@ -255,11 +255,11 @@ def test_deleted_delta_is_replanned(tiny_model_dir, bucket, tmp_path):
 
 
 def test_unreadable_bucket_is_loud_within_one_poll_and_retried_slowly(
-    tiny_model_dir, bucket, tmp_path, monkeypatch
+    char_model_dir, bucket, tmp_path, monkeypatch
 ):
     from deltasync.errors import StoreAuthError
 
-    tr = Trainer(tiny_model_dir, bucket)
+    tr = Trainer(char_model_dir, bucket)
     tr.publish()
     eng, loop = make(tr, bucket, tmp_path)
     real = loop.subscriber.read_manifest
@@ -280,8 +280,8 @@ def test_unreadable_bucket_is_loud_within_one_poll_and_retried_slowly(
     assert loop.next_poll_delay_s() == loop.poll_interval_s
 
 
-def test_polling_backs_off_while_nothing_changes(tiny_model_dir, bucket, tmp_path):
-    tr = Trainer(tiny_model_dir, bucket)
+def test_polling_backs_off_while_nothing_changes(char_model_dir, bucket, tmp_path):
+    tr = Trainer(char_model_dir, bucket)
     tr.publish()
     shapes = {n: a.shape for n, a in tr.bits.items()}
     loop = SyncLoop(
@@ -305,14 +305,14 @@ def test_polling_backs_off_while_nothing_changes(tiny_model_dir, bucket, tmp_pat
     assert loop.served_version == 1 and loop.next_poll_delay_s() == 0.5
 
 
-def test_heartbeats_on_remote_stores_are_rationed(tiny_model_dir, bucket, tmp_path, monkeypatch):
+def test_heartbeats_on_remote_stores_are_rationed(char_model_dir, bucket, tmp_path, monkeypatch):
     """Remote stores (each write is 2 Hub API requests): at most one heartbeat per 60 s while
     nothing changes, one right after an applied version, never two within the gap (60 s by default); local stores
     keep their interval and write state changes at once."""
     import rollout.sync_loop as sync_loop
 
     pytest.importorskip("huggingface_hub")  # the hf:// store (no request is made)
-    tr = Trainer(tiny_model_dir, bucket)
+    tr = Trainer(char_model_dir, bucket)
     shapes = {n: a.shape for n, a in tr.bits.items()}
     remote = SyncLoop("hf://buckets/me/run", FakeEngine(shapes), "r0", heartbeat_interval_s=10)
     assert (remote.heartbeat_interval_s, remote.heartbeat_min_gap_s) == (60.0, 60.0)

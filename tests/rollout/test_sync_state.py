@@ -69,7 +69,7 @@ def test_illegal_transitions_raise(old, new):
 
 
 def test_a_loop_moves_along_the_table_and_refuses_changes_after_stop(
-    tiny_model_dir, tmp_path, monkeypatch
+    char_model_dir, tmp_path, monkeypatch
 ):
     moves = []
 
@@ -80,7 +80,7 @@ def test_a_loop_moves_along_the_table_and_refuses_changes_after_stop(
 
     monkeypatch.setattr(sync_loop, "check_transition", recording)
     bucket = str(tmp_path / "bucket")
-    tr = Trainer(tiny_model_dir, bucket)
+    tr = Trainer(char_model_dir, bucket)
     shapes = {n: a.shape for n, a in tr.bits.items()}
     loop = SyncLoop(bucket, FakeEngine(shapes), "r0", stage_dir=str(tmp_path / "stage"))
     tr.publish()

@@ -51,9 +51,9 @@ def test_tied_lm_head_follows_embedding_deltas(tmp_path):
     from rollout.engine import VLLMControl
     from rollout.launch import start_vllm, stop_process, wait_healthy
     from rollout.sync_loop import SyncLoop
-    from trainer.task.tiny_model import make_tiny_qwen3
+    from trainer.task.char_model import make_char_qwen3
 
-    model = make_tiny_qwen3(str(tmp_path / "tied"), seed=1, tie_word_embeddings=True)
+    model = make_char_qwen3(str(tmp_path / "tied"), seed=1, tie_word_embeddings=True)
     port, log_path = free_port(), str(tmp_path / "vllm.log")
     env = vllm_test_env()
     proc = start_vllm(model, port, log_path, env=env, max_model_len=512, extra_args=VLLM_TEST_ARGS)

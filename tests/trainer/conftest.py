@@ -8,10 +8,11 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    """The local model's tokenizer (``trainer.task.wordle_model.build_tokenizer``) trained on 40
+    """The local model's tokenizer (``trainer.task.wordle.model.build_tokenizer``) trained on 40
     solver games: every answer and every board item is one token."""
-    from trainer.task import warm_start, wordle_model
-    from trainer.task.tiny_model import make_char_tokenizer
+    from trainer.task.char_model import make_char_tokenizer
+    from trainer.task.wordle import model as wordle_model
+    from trainer.task.wordle import warm_start
 
     renderer = make_char_tokenizer(wordle_model.chat_template())
     games = warm_start.solver_games(40, seed=5)
@@ -22,7 +23,7 @@ def tokenizer():
 def wordle_url(tmp_path_factory):
     """The real Wordle server (the task's own ``EnvServer``) on a loopback port, one a module."""
     from trainer.local import children
-    from trainer.task import wordle
+    from trainer.task.wordle import task as wordle
 
     child = children.start_env_server(wordle.TASK.server, str(tmp_path_factory.mktemp("logs")))
     try:

@@ -21,7 +21,7 @@ from trainer.loop.trained_weights import trained_weights
 
 def wordle_folder(path) -> str:
     """A small untrained Wordle model with its tokenizer and chat template (no warm start)."""
-    from trainer.task import wordle_model
+    from trainer.task.wordle import model as wordle_model
 
     corpus = ["<|im_start|>user\nGuess the word.<|im_end|>\n<|im_start|>assistant\ncrane"] * 4
     tokenizer = wordle_model.build_tokenizer(corpus)

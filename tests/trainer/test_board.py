@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from trainer.task import board, wordle_model
-from trainer.task.wordle_task import EpisodeStats, tool_reply
+from trainer.task.wordle import board
+from trainer.task.wordle import model as wordle_model
+from trainer.task.wordle.game_env import EpisodeStats, tool_reply
 from wordle_env import rules, wordlists
 from wordle_env.game import WordleGame
 

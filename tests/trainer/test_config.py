@@ -26,7 +26,7 @@ def _sample(flag: str) -> tuple[str, object]:
     if flag == "net":  # a link profile (deltasync.link)
         return "slow", "slow"
     if flag == "task":  # a loadable task: the shipped one, by module path
-        return "trainer.task.wordle:TASK", "trainer.task.wordle:TASK"
+        return "trainer.task.wordle.task:TASK", "trainer.task.wordle.task:TASK"
     section, name, _ = FLAGS[flag]
     hint = typing.get_type_hints(typing.get_type_hints(TrainConfig)[section])[name]
     default = getattr(TrainConfig(), section).__dataclass_fields__[name].default
@@ -78,12 +78,12 @@ def test_help_lists_the_flags_by_section(env, capsys):
     assert order == sorted(order)
     grpo, publish = out.index("\ngrpo:\n"), out.index("\npublish:\n")
     assert grpo < out.index("  --max-steps", grpo) < publish  # a flag sits in its section
-    assert publish < out.index("  --anchor-every", grpo) < out.index("\nwarm_start:\n")
+    assert publish < out.index("  --anchor-every", grpo) < out.index("\nlocal_model:\n")
 
 
 def test_each_part_gets_its_own_section():
     cfg = TrainConfig.from_flags(warm_start_games=5, model_layers=3, eval_episodes=9, seed=4)
-    assert (cfg.warm_start.games, cfg.warm_start.layers, cfg.warm_start.seed) == (5, 3, 4)
+    assert (cfg.local_model.games, cfg.local_model.layers, cfg.local_model.seed) == (5, 3, 4)
     assert cfg.eval.episodes == 9 and cfg.flag("eval_episodes") == 9
     with pytest.raises(TypeError, match="not trainer flags"):
         TrainConfig.from_flags(warm_start_gamez=5)
@@ -189,7 +189,7 @@ def test_an_adapter_run_is_refused_a_rebuilt_generating_policy(env, capsys, flag
 def test_an_evaluation_larger_than_the_held_out_set_is_clamped_and_said(caplog):
     """Every evaluation game plays a held-out word: asking for more games than there are held-out
     seeds plays all of them and no more, and the log names the limit and the flag."""
-    from trainer.task.wordle_task import EVAL_SEED_COUNT, eval_seeds, held_out_targets
+    from trainer.task.wordle.game_env import EVAL_SEED_COUNT, eval_seeds, held_out_targets
     from wordle_env import wordlists
 
     cfg = TrainConfig()
@@ -314,8 +314,8 @@ def test_a_hub_model_is_warm_started_only_when_it_never_saw_a_tool_unless_asked(
 def test_the_warm_starts_turns_reach_its_settings_and_a_bad_count_stops_the_run(capsys):
     """--hub-warm-start-turns sets the calls kept of each teacher game (part of the warm start's
     cache key); a count below 1 stops at the command line with the range."""
-    from trainer.task.hub_warm_start import HubWarmStartConfig
-    from trainer.task.wordle import hub_config
+    from trainer.task.wordle.hub_warm_start import HubWarmStartConfig
+    from trainer.task.wordle.task import hub_config
 
     default = hub_config(TrainConfig.from_flags(model="some/model").run, 128)
     assert default == HubWarmStartConfig(games=128, turns=6)  # whole games: the learning runs'
@@ -430,7 +430,7 @@ def test_the_settings_the_model_chose_are_named_once(env, caplog):
 def test_the_reward_is_one_the_task_pays_and_defaults_to_its_first(monkeypatch, capsys):
     """``--reward`` picks one of ``Task.rewards``; anything else stops the run at the command line
     naming the rewards there are; a task that pays one reward only has nothing to choose."""
-    from trainer.task.wordle import TASK
+    from trainer.task.wordle.task import TASK
 
     assert TrainConfig().grpo.reward == TASK.rewards[0]
     assert from_args(["--reward", "game"]).grpo.reward == "game" in TASK.rewards

@@ -1,4 +1,4 @@
-"""A guess's worth before its feedback (``trainer.task.credit``): the turn reward of
+"""A guess's worth before its feedback (``trainer.task.wordle.credit``): the turn reward of
 ``--turn-credit`` on Wordle. Games are played on the real game (``wordle_env.game``); the
 expectation is checked against the game's own scoring, answer by answer."""
 
@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from trainer.task import board, credit
+from trainer.task.wordle import board, credit
 from wordle_env import rules, wordlists
 from wordle_env.game import WordleGame
 

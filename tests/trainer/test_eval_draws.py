@@ -19,11 +19,11 @@ import pytest
 from trainer.loop.learning_curve import HeldOutEvals, paired_difference, pool_draws
 from trainer.loop.rollouts import Rollouts
 from trainer.settings import EvalConfigError, EvalSettings
-from trainer.task import wordle
 from trainer.task.base import EvalRequest
 from trainer.task.eval_http import sampling_seed
-from trainer.task.evaluate import EpisodeResult, summarize
-from trainer.task.wordle_task import EpisodeStats, eval_seeds
+from trainer.task.wordle import task as wordle
+from trainer.task.wordle.figures import EpisodeResult, summarize
+from trainer.task.wordle.game_env import EpisodeStats, eval_seeds
 from wordle_env import wordlists
 
 from .completions_stub import completions_server

@@ -1,5 +1,5 @@
 """The evaluation block's figures that explain the environment's reward: a word's value as a guess,
-the games with no accepted guess and where the model stops (``trainer.task.evaluate``)."""
+the games with no accepted guess and where the model stops (``trainer.task.wordle.figures``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from trainer.task.credit import guess_value
-from trainer.task.evaluate import EpisodeResult, summarize
-from trainer.task.wordle_task import EpisodeStats
+from trainer.task.wordle.credit import guess_value
+from trainer.task.wordle.figures import EpisodeResult, summarize
+from trainer.task.wordle.game_env import EpisodeStats
 from wordle_env import rules, wordlists
 
 
@@ -79,7 +79,7 @@ def _played(target: str, moves: list[str], end: str) -> EpisodeResult:
 def test_the_stop_figures_split_the_model_stops_by_the_row_it_read():
     """Stops count only where the model wrote no call right after an accepted row and the game
     could go on; a row is good from ``GOOD_ROW`` credit up."""
-    from trainer.task.evaluate import GOOD_ROW, stop_rates
+    from trainer.task.wordle.figures import GOOD_ROW, stop_rates
 
     good, poor = "crank", "fuzzy"  # against "crane": 0.8 and 0
     assert rules.partial_credit(rules.feedback(good, "crane")) >= GOOD_ROW

@@ -26,7 +26,7 @@ from trainer.loop.generating_policy import (
     position_versions,
 )
 from trainer.loop.off_policy import OffPolicyLoss
-from trainer.task.tiny_model import make_tiny_qwen3
+from trainer.task.char_model import make_char_qwen3
 
 IDS = np.array([5, 17, 3, 99, 42, 8, 64, 21, 7, 30])
 
@@ -55,7 +55,7 @@ def test_each_position_takes_the_version_of_its_turn():
 def run(tmp_path_factory):
     """A tiny Qwen3 published as v0, v1, v2 (each a step of noise); the bf16 weights of each."""
     tmp = tmp_path_factory.mktemp("gp")
-    folder = make_tiny_qwen3(str(tmp / "model"), vocab_size=128)
+    folder = make_char_qwen3(str(tmp / "model"), vocab_size=128)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     pub = DeltaPublisher(str(tmp / "bucket"), run_id="gp")
     history = VersionHistory(DeltaSubscriber(str(tmp / "bucket")), keep=2)  # follows each version
@@ -331,7 +331,7 @@ def test_a_version_not_kept_leaves_its_samples_as_made_and_the_batch_goes_on(run
 def test_a_tied_model_is_rebuilt_without_its_unpublished_lm_head(tmp_path):
     """SmolLM2 ties its LM head to the embedding, so no version publishes ``lm_head.weight``;
     the version's model takes the tie (a lost helper once made this a NameError)."""
-    folder = make_tiny_qwen3(str(tmp_path / "model"), vocab_size=128, tie_word_embeddings=True)
+    folder = make_char_qwen3(str(tmp_path / "model"), vocab_size=128, tie_word_embeddings=True)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     pub = DeltaPublisher(str(tmp_path / "bucket"), run_id="tied")
     pub.publish(model.named_parameters(), step=0)

@@ -9,8 +9,8 @@ import pytest
 
 from trainer.config import GRPOConfigError, TrainConfig
 from trainer.loop.advantages import CentredAdvantages
-from trainer.task import wordle_model
-from trainer.task.spelling_tie import SpellingTiedRows, SpellingTieError, spelling_features
+from trainer.task.wordle import model as wordle_model
+from trainer.task.wordle.spelling_tie import SpellingTiedRows, SpellingTieError, spelling_features
 from wordle_env import wordlists
 
 from .queue_fake import SampleQueue
@@ -98,43 +98,8 @@ def test_a_step_on_a_training_word_reaches_held_out_words_spelled_like_it(tokeni
 
 
 def test_tying_needs_answers_as_tokens():
-    from trainer.task.tiny_model import make_char_tokenizer
+    from trainer.task.char_model import make_char_tokenizer
 
     tok = make_char_tokenizer(wordle_model.chat_template())
     with pytest.raises(SpellingTieError, match="one token"):
         SpellingTiedRows(None, tok)
-
-
-@pytest.mark.parametrize("tie", [True, False])
-def test_a_warm_start_with_tied_rows_learns_nothing_that_belongs_to_one_word(tokenizer, tie):
-    """SFT with ``tie_rows``: after the steps every answer row is still a function of its spelling
-    (so a held-out word's row moved as the training words spelled like it); free rows are not."""
-    import dataclasses
-
-    import torch
-
-    from trainer.task import warm_start
-    from trainer.task.spelling import AnswerRowSpan
-
-    cfg = dataclasses.replace(
-        warm_start.WarmStartConfig(), games=12, epochs=1, tokens_per_batch=2048, tie_rows=tie
-    )
-    seqs = []
-    for game in warm_start.solver_games(cfg.games, seed=1):
-        ids, mask = warm_start.encode_with_mask(
-            warm_start.render(game, tokenizer), tokenizer, warm_start._trained_turns(game)
-        )
-        seqs.append((ids, mask, warm_start.soft_targets(ids, mask, game, tokenizer)))
-    model = wordle_model.build_model(tokenizer, seed=0, hidden_size=64, layers=1)
-    answers = list(wordlists.answers())
-    rows = torch.tensor(tokenizer.convert_tokens_to_ids(answers))
-    before = model.get_output_embeddings().weight.detach()[rows].clone()
-    span = AnswerRowSpan(model, tokenizer) if tie else None
-    figures = warm_start.train_sft(model, seqs, cfg, tokenizer.pad_token_id, span)
-    assert figures["steps"] >= 2
-    s = spelling_features(answers).double()
-    for weight in (model.get_output_embeddings().weight, model.get_input_embeddings().weight):
-        w = weight.detach()[rows].double()
-        fit = s @ (torch.linalg.pinv(s) @ w)  # the nearest function of spelling
-        assert torch.allclose(fit, w, atol=1e-4) is tie
-    assert not torch.equal(model.get_output_embeddings().weight.detach()[rows], before)

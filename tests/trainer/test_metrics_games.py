@@ -1,5 +1,5 @@
 """Training games and their consistent share: the consistent guesses read back from rendered
-conversations (``trainer.task.board.consistency``) equal what the environment's own
+conversations (``trainer.task.wordle.board.consistency``) equal what the environment's own
 ``EpisodeStats`` counts; the tagger counts each kept, scored episode once however many rows TRL
 made of it; and the metrics callback writes the step's share and game count to the bucket and its
 log line, and copies the new evaluation rates (not ``per_seed``)."""
@@ -17,9 +17,9 @@ import pytest
 from deltasync.status import TRAINER_METRICS_PATH, TrainerMetrics
 from deltasync.store import Store
 from trainer.loop.rollout_tagging import ReplicaVersionTagger
-from trainer.task.board import accepted_moves, consistency
-from trainer.task.wordle import FIGURES, episode_counts, step_figures
-from trainer.task.wordle_task import EpisodeStats, call_message, solver_conversation
+from trainer.task.wordle.board import accepted_moves, consistency
+from trainer.task.wordle.game_env import EpisodeStats, call_message, solver_conversation
+from trainer.task.wordle.task import FIGURES, episode_counts, step_figures
 from wordle_env import wordlists
 from wordle_env.game import WordleGame
 
@@ -221,7 +221,7 @@ def test_callback_writes_the_steps_consistent_share_and_games(capsys):
 
 
 def _eval_block() -> dict:
-    """A ``trainer.task.evaluate.summarize`` block, with ``evaluate(per_seed=True)``'s extra key."""
+    """A ``trainer.task.wordle.figures.summarize`` block, with ``evaluate(per_seed=True)``'s extra key."""
     return {
         "episodes": 4,
         "wellformed_rate": 1.0,

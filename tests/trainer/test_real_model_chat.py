@@ -14,8 +14,7 @@ import pytest
 
 from trainer.config import GRPOSettings
 from trainer.task import chat_format
-from trainer.task.hub_warm_start import HubWarmStartConfig, cut, encoded_games
-from trainer.task.wordle_task import (
+from trainer.task.wordle.game_env import (
     RESET_TEXT,
     EpisodeStats,
     call_message,
@@ -24,6 +23,7 @@ from trainer.task.wordle_task import (
     parse_call,
     prompt_messages,
 )
+from trainer.task.wordle.hub_warm_start import HubWarmStartConfig, cut, encoded_games
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_a_malformed_call_is_no_move_and_scores_below_legal_play(text):
 
 def test_the_warm_start_trains_on_the_call_tokens_of_games_as_the_rollout_renders_them(tokenizer):
     cfg = HubWarmStartConfig(games=4, turns=2)
-    from trainer.task import warm_start as ws
+    from trainer.task.wordle import warm_start as ws
 
     games = [cut(g, cfg.turns) for g in ws.solver_games(cfg.games, cfg.seed, cfg.explore)]
     for ids, mask, soft in encoded_games(cfg, tokenizer):
@@ -133,7 +133,7 @@ def test_the_shared_prompt_forward_equals_the_full_forward(tool_model, tokenizer
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer.task.hub_warm_start import common_prefix, shared_prefix_forward
+    from trainer.task.wordle.hub_warm_start import common_prefix, shared_prefix_forward
 
     model = AutoModelForCausalLM.from_pretrained(tool_model, dtype=torch.float32)
     seqs = encoded_games(HubWarmStartConfig(games=6, turns=2), tokenizer)
@@ -161,7 +161,7 @@ def test_the_warm_starts_cache_follows_its_sft_set_not_the_task_files(tool_model
     elsewhere gives another."""
     from transformers import AutoTokenizer
 
-    from trainer.task.hub_warm_start import _key
+    from trainer.task.wordle.hub_warm_start import _key
 
     tokenizer = AutoTokenizer.from_pretrained(tool_model)
     cfg = HubWarmStartConfig(games=2, turns=1)
@@ -180,7 +180,7 @@ def test_the_warm_start_is_built_once_in_bf16_with_the_tool_template(tool_model,
     from safetensors import safe_open
     from transformers import AutoTokenizer
 
-    from trainer.task.hub_warm_start import hub_warm_start
+    from trainer.task.wordle.hub_warm_start import hub_warm_start
 
     cfg = HubWarmStartConfig(games=2, turns=1)
     path, build_s = hub_warm_start(str(tmp_path), tool_model, cfg)

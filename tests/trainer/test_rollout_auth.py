@@ -140,7 +140,7 @@ def test_a_heartbeat_announcing_a_foreign_url_does_not_join_nor_get_the_token(tr
 def test_a_private_wordle_space_gets_the_token_on_the_websocket(monkeypatch):
     """TRL's rollout child connects to the ENV_URL the trainer handed it: the HF token goes on
     the handshake over https to a Space, never to a plain-http one."""
-    from trainer.task import wordle_task
+    from trainer.task.wordle import game_env
 
     made = {}
 
@@ -159,9 +159,9 @@ def test_a_private_wordle_space_gets_the_token_on_the_websocket(monkeypatch):
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     monkeypatch.setattr(wordle_env.client, "WordleEnv", Recording)
     monkeypatch.setenv("HF_TOKEN", "hf_x")
-    monkeypatch.setenv(wordle_task.ENV_URL_VAR, "https://alice-deltasync-wordle.hf.space")
-    wordle_task.WordleToolEnv()._connect()
+    monkeypatch.setenv(game_env.ENV_URL_VAR, "https://alice-deltasync-wordle.hf.space")
+    game_env.WordleToolEnv()._connect()
     assert made["headers"] == {"Authorization": "Bearer hf_x"}
-    monkeypatch.setenv(wordle_task.ENV_URL_VAR, "http://alice-deltasync-wordle.hf.space")
-    wordle_task.WordleToolEnv()._connect()
+    monkeypatch.setenv(game_env.ENV_URL_VAR, "http://alice-deltasync-wordle.hf.space")
+    game_env.WordleToolEnv()._connect()
     assert made["headers"] is None

@@ -137,7 +137,7 @@ def test_wordle_declares_every_figure_it_reports():
     """Every figure of Wordle's step figures is declared (nothing is recorded undeclared; its
     evaluation block's: ``test_metrics_games``), and the old files' declarations agree with
     Wordle's."""
-    from trainer.task import wordle
+    from trainer.task.wordle import task as wordle
 
     declared = {f.name: f for f in wordle.FIGURES}
     steps = wordle.step_figures({"consistent": 1, "checked": 2, "accepted": 3}, 1)

@@ -31,9 +31,9 @@ def letter_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
 
 
-# What the rest of the trainer may import from trainer/task/: the seam itself, the tool-call
-# renderer every tool task shares, and the local model's warm-start settings (a config section).
-SEAM = {"trainer.task.base", "trainer.task.chat_format", "trainer.task.warm_start"}
+# What the rest of the trainer may import from trainer/task/: the seam itself and the tool-call
+# renderer every tool task shares.
+SEAM = {"trainer.task.base", "trainer.task.chat_format"}
 
 
 def _outside_task() -> list[Path]:
@@ -72,7 +72,7 @@ def test_no_wordle_name_outside_the_task():
 def test_load_task_by_name_and_by_module_path():
     wordle = load_task("wordle")
     assert isinstance(wordle, Task) and wordle.name == "wordle"
-    assert load_task("trainer.task.wordle:TASK") is wordle
+    assert load_task("trainer.task.wordle.task:TASK") is wordle
     letter = load_task("letter_task:TASK")
     assert letter.name == "letter" and letter.environment_factory is None and letter.reward_funcs
     number = load_task("number_guess")  # the example, a tool task with its own Space
@@ -85,7 +85,7 @@ def test_load_task_by_name_and_by_module_path():
     [
         ("chess", "expected one of number_guess, wordle or 'package.module:NAME'"),
         ("no_such_module_here:TASK", "cannot import 'no_such_module_here'"),
-        ("trainer.task.wordle:episode_counts", "found function"),
+        ("trainer.task.wordle.task:episode_counts", "found function"),
     ],
 )
 def test_a_task_that_cannot_be_loaded_says_why(spec, says):
@@ -105,7 +105,7 @@ def test_a_task_needs_an_environment_or_reward_functions():
 
 def test_a_tool_task_without_evaluate_needs_what_the_generic_evaluation_plays():
     from trainer.task.base import TOOL_FIGURES
-    from trainer.task.wordle_task import WordleToolEnv, eval_row
+    from trainer.task.wordle.game_env import WordleToolEnv, eval_row
 
     common = dict(dataset=lambda n, s: None, eval_seeds=lambda n: [], eval_seed_count=0)
     with pytest.raises(TaskError, match="expected an evaluate function, or an .*found no eval_row"):
@@ -151,7 +151,7 @@ def test_a_second_task_trains_through_the_same_trainer_replica_and_bucket(tmp_pa
     from trainer.starting_point import initial_model
 
     local = TrainConfig.from_flags(runs_root=str(tmp_path), **e2e_warm_start)
-    model, _ = initial_model(local.run, local.task(), local.warm_start)  # the cached local model
+    model, _ = initial_model(local.run, local.task(), local.local_model)  # the cached local model
     cfg = TrainConfig.from_flags(
         task="letter_task:TASK",
         model=model,

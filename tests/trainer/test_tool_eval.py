@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from trainer.task import wordle
 from trainer.task.base import EvalRequest
 from trainer.task.chat_format import ChatTemplateError
 from trainer.task.eval_http import sampling_seed
-from trainer.task.wordle_task import eval_seeds
+from trainer.task.wordle import task as wordle
+from trainer.task.wordle.game_env import eval_seeds
 from wordle_env import rules, wordlists
 
 from .completions_stub import completions_server

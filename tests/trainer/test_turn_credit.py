@@ -13,8 +13,9 @@ import pytest
 from trainer.config import GRPOConfigError, TrainConfig
 from trainer.loop import trl_compat
 from trainer.loop.advantages import TurnCredit, turn_spans
-from trainer.task import credit, wordle, wordle_task
 from trainer.task.base import Task
+from trainer.task.wordle import credit, game_env
+from trainer.task.wordle import task as wordle
 from wordle_env.game import WordleGame
 
 from .queue_fake import SampleQueue
@@ -29,8 +30,8 @@ def _episode(moves):
     game, completion, accepted = WordleGame(TARGET), [], []
     for word in moves:
         result = game.play(f"[{word}]")
-        completion.append(wordle_task.call_message(word))
-        reply = wordle_task.tool_reply(result.reply, game.done, game.guesses, game.marks)
+        completion.append(game_env.call_message(word))
+        reply = game_env.tool_reply(result.reply, game.done, game.guesses, game.marks)
         completion.append({"role": "tool", "name": "guess", "content": reply})
         accepted.append(not result.invalid)
     worth = iter(credit.expected_credits(game.guesses, game.marks))
@@ -76,11 +77,11 @@ def _pack(samples):
 def test_the_game_replies_give_each_move_its_own_reward():
     completion, worth = _episode(["slate", "crate", "cranes", "brine"])
     got = wordle.turn_rewards(completion)
-    want = [-wordle_task.INVALID_PENALTY if v is None else v for v in worth]
+    want = [-game_env.INVALID_PENALTY if v is None else v for v in worth]
     assert got == pytest.approx(want)
-    assert got[2] == -wordle_task.INVALID_PENALTY  # 'cranes': the wrong length
+    assert got[2] == -game_env.INVALID_PENALTY  # 'cranes': the wrong length
     # a call the game never answered (the call cap refused it) and a closing text have none
-    refused = completion + [wordle_task.call_message("trace")]
+    refused = completion + [game_env.call_message("trace")]
     assert wordle.turn_rewards(refused)[-1] is None
     assert wordle.turn_rewards([{"role": "assistant", "content": "Done."}]) == [None]
 
@@ -100,7 +101,7 @@ def test_a_wrong_move_inside_a_good_game_is_pushed_down_and_the_game_keeps_its_p
     assert wrong == min(per_turn[:, 0])
     # the terms spread the game's advantage over its moves without changing its sum
     assert math.isclose(float(per_turn[:, 0].mean()), 0.3, abs_tol=1e-6)
-    rewards = [-wordle_task.INVALID_PENALTY if v is None else v for v in worth]
+    rewards = [-game_env.INVALID_PENALTY if v is None else v for v in worth]
     want = [0.3 + r - sum(rewards) / 4 for r in rewards]
     assert per_turn[:, 0] == pytest.approx(want, abs=1e-6)
     assert q.spread == 1 and q.unmatched == 0

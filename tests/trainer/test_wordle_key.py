@@ -12,9 +12,10 @@ import logging
 import pytest
 
 from trainer.settings import Secrets
-from trainer.task import wordle, wordle_task
 from trainer.task.base import ENV_KEY_VAR, ENV_URL_VAR
-from trainer.task.wordle_task import WordleToolEnv, eval_seeds
+from trainer.task.wordle import game_env
+from trainer.task.wordle import task as wordle
+from trainer.task.wordle.game_env import WordleToolEnv, eval_seeds
 from trainer.trust import TrustedUrls
 from wordle_env import wordlists
 from wordle_env.client import WordleRefusedError
@@ -42,10 +43,10 @@ def keyed_url(tmp_path_factory):
 def test_a_training_episode_sends_the_key_and_is_refused_without_it(monkeypatch, keyed_url, caplog):
     monkeypatch.setenv(ENV_URL_VAR, keyed_url)
     monkeypatch.delenv(ENV_KEY_VAR, raising=False)
-    monkeypatch.setattr(wordle_task.time, "sleep", lambda s: None)  # no back-off between retries
-    seed = wordle_task.make_dataset(1, seed=3)["seed"][0]
+    monkeypatch.setattr(game_env.time, "sleep", lambda s: None)  # no back-off between retries
+    seed = game_env.make_dataset(1, seed=3)["seed"][0]
     before = WordleToolEnv.dropped
-    with caplog.at_level(logging.WARNING, logger="trainer.task.wordle_task"):
+    with caplog.at_level(logging.WARNING, logger="trainer.task.wordle.game_env"):
         refused = WordleToolEnv()
         refused.reset(seed=seed)
     assert WordleToolEnv.dropped == before + 1 and refused.get_reward() is None

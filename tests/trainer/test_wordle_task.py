@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from trainer.task import warm_start, wordle_model
-from trainer.task.wordle_task import (
+from trainer.task.wordle import model as wordle_model
+from trainer.task.wordle import warm_start
+from trainer.task.wordle.game_env import (
     GRPO_SHARE,
     INVALID_PENALTY,
     MAX_TURNS,
@@ -37,7 +38,7 @@ def games():
 
 @pytest.fixture(scope="module")
 def tokenizer(games):
-    from trainer.task.tiny_model import make_char_tokenizer
+    from trainer.task.char_model import make_char_tokenizer
 
     renderer = make_char_tokenizer(wordle_model.chat_template())
     return wordle_model.build_tokenizer([warm_start.render(g, renderer) for g in games])
@@ -156,10 +157,10 @@ def test_warm_start_grpo_and_evaluation_play_three_disjoint_sets_of_targets():
 
 def test_the_teacher_plays_each_of_its_targets_once_before_any_again(monkeypatch):
     import wordle_env.game
-    from trainer.task import wordle_task
+    from trainer.task.wordle import game_env
 
-    pool = wordle_task.warm_start_targets()[:10]
-    monkeypatch.setattr(wordle_task, "warm_start_targets", lambda: list(pool))
+    pool = game_env.warm_start_targets()[:10]
+    monkeypatch.setattr(game_env, "warm_start_targets", lambda: list(pool))
     targets = []
 
     class RecordingGame(WordleGame):
@@ -171,29 +172,6 @@ def test_the_teacher_plays_each_of_its_targets_once_before_any_again(monkeypatch
     assert len(warm_start.solver_games(25, seed=9)) == 25
     assert sorted(targets[:10]) == sorted(pool) and sorted(targets[10:20]) == sorted(pool)
     assert set(targets[20:]) <= set(pool) and len(set(targets[20:])) == 5
-
-
-def test_the_teacher_shows_how_a_game_goes_on_after_a_repeated_word():
-    """With ``repeat``, some explored moves repeat a word already played: the game refuses it
-    without using a guess, the move is left out of the loss, at most one comes per game (so the
-    game fits the rollout's MAX_TURNS calls), and the teacher then plays on to the game's end."""
-    from trainer.task.wordle_task import MAX_TURNS, solver_conversation
-
-    rng, with_repeat = random.Random(4), 0
-    for target in random.Random(5).sample(wordlists.answers(), 150):
-        messages = solver_conversation(WordleGame(target), rng, explore=0.5, repeat=0.5)
-        calls = [m for m in messages if m.get("tool_calls")]
-        words = [m["tool_calls"][0]["function"]["arguments"]["word"] for m in calls]
-        repeats = [i for i, w in enumerate(words) if w in words[:i]]
-        assert len(repeats) <= 1 and len(calls) <= MAX_TURNS
-        assert "Game over." in messages[-2]["content"]
-        for i in repeats:
-            assert calls[i]["train"] is False
-            at = next(j for j, m in enumerate(messages) if m is calls[i])
-            reply = messages[at + 1]["content"]
-            assert "invalid move" in reply and "Game over." not in reply
-        with_repeat += bool(repeats)
-    assert with_repeat >= 20
 
 
 @pytest.mark.parametrize(
@@ -302,8 +280,8 @@ def test_soft_targets_are_the_teachers_options_at_each_called_word(tokenizer):
     """The warm start's soft target at each trained call is the set the solver drew the word
     from: it holds the played word, its position is the called word's own token, and every option
     of a later call fits every earlier feedback row."""
-    from trainer.task import board
-    from trainer.task.wordle_task import solver_conversation
+    from trainer.task.wordle import board
+    from trainer.task.wordle.game_env import solver_conversation
 
     rng, checked = random.Random(7), 0
     for target in random.Random(8).sample(wordlists.answers(), 15):

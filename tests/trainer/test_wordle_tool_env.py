@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainer.task.base import ENV_URL_VAR, REWARD_VAR
-from trainer.task.wordle_task import (
+from trainer.task.wordle.game_env import (
     INVALID_PENALTY,
     STOPPED_EARLY_PENALTY,
     WordleToolEnv,

@@ -139,7 +139,7 @@ def _grpo_config(grpo: GRPOSettings, run: RunSettings, rollout_url: str | None):
         # the local model: recomputation costs more than it saves; a hub model (SmolLM2-135M, 30
         # layers) kept ~9 GB of activations for a 6,144-token row and a LoRA run was killed for
         # memory on the 24 GiB machine: recomputed there
-        gradient_checkpointing=not run.tiny,
+        gradient_checkpointing=not run.trains_local_model,
         token_budget=grpo.token_budget,
         weight_sync_steps=grpo.weight_sync_steps,
         vllm_server_base_url=rollout_url,

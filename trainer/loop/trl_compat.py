@@ -9,7 +9,7 @@ CPU):
 2. The trainer forces ``attn_implementation="tree_fa3"``, whose kernel ``_flash_attn()`` fetches a
    CUDA FlashAttention-3 build from the Hub. We give ``packing._flash_attn`` a CPU stand-in with the
    same ``flash_attn_varlen_func`` signature, computed with ``torch.nn.functional.
-   scaled_dot_product_attention`` one packed segment at a time (exact; fine for tiny models).
+   scaled_dot_product_attention`` one packed segment at a time (exact; fine for small models).
 
 3. ``add_fused_lm_head`` (``trl.trainer.utils``) scores only the trained positions where Triton
    runs (CUDA, XPU) and every position elsewhere (to keep tile shapes fixed for compiled backends
@@ -21,7 +21,7 @@ CPU):
    as torch ops. The log-probabilities of trained positions are the same either way.
 
 A fourth, the rollout child's ``add_response_schema``, accepts only known chat templates: the local
-model carries TRL's own Qwen3 template (``trainer.task.wordle_model``), so nothing is patched for it.
+model carries TRL's own Qwen3 template (``trainer.task.wordle.model``), so nothing is patched for it.
 
 A fifth is not CPU-specific: the rollout child buffers up to 16 finished GRPO groups waiting to be
 scored (``score_queue_maxsize``, not exposed by ``AsyncGRPOConfig``) on top of ``queue_maxsize``;

@@ -5,7 +5,7 @@ TRL trains on, the OpenEnv client TRL plays each episode with (its tool methods 
 schema) or the reward functions of a single-turn task, the server the local default starts, the
 held-out evaluation (a tool task's is generic: ``trainer.task.tool_eval``; the task gives its
 seeds, rows and figures), the per-episode counts each step logs, and the optional warm start. Wordle
-(``trainer.task.wordle``) is the one shipped; ``--task module:NAME`` loads another
+(``trainer.task.wordle.task``) is the one shipped; ``--task module:NAME`` loads another
 (:func:`load_task`). README "Your own environment" walks through writing one.
 """
 
@@ -182,9 +182,10 @@ class Task:
         warm_start: ``f(run, model_path, games) -> (model folder, seconds)``: a pretrained
             model's warm start on ``games`` teacher games before GRPO (when its chat template
             had no tools), or None where the task has none (the model is trained as it is).
-        local_model: ``f(run, warm_start_settings) -> (model folder, seconds)``: the task's own
-            small model for the local default (``--model tiny``), built from the run's
-            ``warm_start`` section; None: the task needs ``--model``.
+        local_model: ``f(run, local_model_settings) -> (model folder, seconds)``: the task's own
+            small model for the local default (``--model tiny``), built with the run's
+            ``trainer.settings.LocalModelSettings`` (the fields given override the task's
+            defaults); None: the task needs ``--model``.
     """
 
     name: str
@@ -303,7 +304,10 @@ def env_headers(
 
 
 # The tasks shipped, by name: "module:attribute" of their Task.
-TASKS = {"wordle": "trainer.task.wordle:TASK", "number_guess": "examples.number_guess.task:TASK"}
+TASKS = {
+    "wordle": "trainer.task.wordle.task:TASK",
+    "number_guess": "examples.number_guess.task:TASK",
+}
 
 
 def load_task(spec: str) -> Task:

@@ -11,7 +11,7 @@ round-2 runs: 1-2% of guesses fit the feedback; the ablation in docs/BENCHMARKS.
     Tried: crane.
 
 Each item, with the space before it and the comma after it, is one token of the local tokenizer
-(``trainer.task.wordle_model``; ``" r2 green,"``): a *cell* (position, letter, mark; 5 x 26 x 3 = 390),
+(``trainer.task.wordle.model``; ``" r2 green,"``): a *cell* (position, letter, mark; 5 x 26 x 3 = 390),
 a *known* letter at a position (130), a letter *present* in the word (26), a letter *absent* from
 it (26). Framing the separators into the item halves the board's tokens (measured: 45 -> 23 per
 turn), which every warm-start, rollout and training token pays for. A hub model reads the same
@@ -58,7 +58,7 @@ def absent_token(letter: str) -> str:
 
 @dataclass(frozen=True)
 class TokenParts:
-    """What an item token means, for the local model's spelling init (``trainer.task.wordle_model``).
+    """What an item token means, for the local model's spelling init (``trainer.task.wordle.model``).
 
     Attributes:
         kind: ``cell``, ``known``, ``present`` or ``absent``.
@@ -214,7 +214,7 @@ def move_tally(completion: Sequence[dict]) -> tuple[int, dict[str, int]]:
 
 
 def consistency(completion: Sequence[dict]) -> tuple[int, int]:
-    """``(consistent, checked)`` of one episode, as ``trainer.task.wordle_task.EpisodeStats`` counts
+    """``(consistent, checked)`` of one episode, as ``trainer.task.wordle.game_env.EpisodeStats`` counts
     them: ``checked`` accepted guesses from the 2nd on, ``consistent`` of them could still be the
     secret word given all earlier feedback (:func:`is_consistent`)."""
     guesses, marks = accepted_moves(completion)

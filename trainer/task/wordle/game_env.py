@@ -38,12 +38,12 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from trainer.task import board
 from trainer.task.base import ENV_KEY_VAR, ENV_URL_VAR, REWARD_VAR, env_headers
+from trainer.task.wordle import board
 from trainer.trust import TrustedUrls
 from wordle_env import rules, wordlists
 
-log = logging.getLogger("trainer.task.wordle_task")
+log = logging.getLogger("trainer.task.wordle.game_env")
 
 # Held-out evaluation seeds (:func:`eval_seeds`): their targets are kept out of the warm start and
 # of GRPO's data. An evaluation plays the first ``eval_episodes`` of them, at most EVAL_SEED_COUNT:
@@ -144,7 +144,7 @@ def make_dataset(n_rows: int, seed: int = 0):
 
 def tool_reply(reply: str, done: bool, guesses=(), marks=()) -> str:
     """The tool message the model reads after a move: the game's own reply, then, while the game
-    goes on, the board (``trainer.task.board.render``: the last guess's cells, the running constraints,
+    goes on, the board (``trainer.task.wordle.board.render``: the last guess's cells, the running constraints,
     the words tried) built from the accepted ``guesses`` and their feedback ``marks``; marked when
     the game is over (nothing follows to decide)."""
     if done:
@@ -199,7 +199,7 @@ class EpisodeStats:
         guesses: the accepted guesses, in order.
         marks: their feedback rows (``G``/``Y``/``X`` strings).
         consistent: accepted guesses from the 2nd on that could still be the secret word given all
-            earlier feedback (``trainer.task.board.is_consistent``); ``checked`` counts those guesses.
+            earlier feedback (``trainer.task.wordle.board.is_consistent``); ``checked`` counts those guesses.
     """
 
     best_credit: float = 0.0
@@ -316,7 +316,7 @@ class WordleToolEnv:
             (``base.env_headers``).
         env_headers: headers of the WebSocket handshake with ``env_url`` (a key or a private
             Space's ``Authorization``), sent as given; ignored without ``env_url``.
-        board: tool replies carry the board (``trainer.task.board``), as in training; False:
+        board: tool replies carry the board (``trainer.task.wordle.board``), as in training; False:
             the game's reply alone (the warm-start ablation of ``bench/bench_warm_start.py``).
 
     Attributes:
@@ -439,14 +439,14 @@ def eval_row(seed: int) -> dict:
 def solver_conversation(
     game, rng, explore: float = 0.0, with_board: bool = True, **solver
 ) -> list[dict]:
-    """The messages of one game played by ``trainer.task.solver`` in the format TRL builds during
+    """The messages of one game played by ``trainer.task.wordle.solver`` in the format TRL builds during
     rollouts: prompt (reset text appended), then per move a ``guess`` call and the tool's reply,
     and a final short assistant message once the game is over. Exploratory moves (see
     ``solver_guesses``, which also takes ``solver``'s ``top_k`` and ``n_openers``) carry
     ``"train": False``: they shape the history, not the lesson. Each call also carries
     ``"options"``, the words the solver drew it from (the teacher's distribution). ``with_board=False`` leaves the
     board out of the tool replies (an ablation)."""
-    from trainer.task.solver import solver_guesses
+    from trainer.task.wordle.solver import solver_guesses
 
     messages = prompt_messages()
     messages[-1] = {**messages[-1], "content": messages[-1]["content"] + RESET_TEXT}

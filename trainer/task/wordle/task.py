@@ -1,7 +1,7 @@
 """Wordle as a :class:`~trainer.task.base.Task`: the one environment the template ships.
 
-Each piece is defined in its own module (``wordle_task``: prompts, the OpenEnv client as TRL's
-tool environment, the reward; ``evaluate``: the figures of the held-out games, which the
+Each piece is defined in its own module of this package (``game_env``: prompts, the OpenEnv
+client as TRL's tool environment, the reward; ``figures``: the figures of the held-out games, which the
 generic evaluation of tool tasks plays (``tool_eval``); ``board``: the per-episode
 counts; ``warm_start`` / ``hub_warm_start``: the teacher's warm starts; ``spelling_tie``: the
 local model's answer rows). This file assembles them, and plays the held-out games from flat
@@ -16,22 +16,22 @@ import multiprocessing
 import os
 
 from deltasync.status import TaskFigure
-from trainer.task import board, credit, wordle_task
 from trainer.task.base import EnvServer, EvalRequest, Task, ToolEpisode
+from trainer.task.wordle import board, credit, game_env
 
 # spaces/wordle-env, run as `python -m wordle_env.server.app` (the trainer never imports the Space)
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))
 WORDLE_DIR = os.path.join(_REPO, "spaces", "wordle-env")
 
 
 def _eval_figures(episodes: list[ToolEpisode]) -> dict:
-    from trainer.task.evaluate import figures
+    from trainer.task.wordle.figures import figures
 
     return figures(episodes)
 
 
 def _eval_reward(env) -> float:
-    from trainer.task.evaluate import eval_reward
+    from trainer.task.wordle.figures import eval_reward
 
     return eval_reward(env)
 
@@ -39,7 +39,7 @@ def _eval_reward(env) -> float:
 def _check_context(
     replica_url: str, model_path: str, max_tokens: int, headers: dict | None = None
 ) -> int:
-    from trainer.task.evaluate import check_context
+    from trainer.task.wordle.figures import check_context
 
     return check_context(replica_url, model_path, max_tokens, headers)
 
@@ -86,7 +86,7 @@ def turn_rewards(completion: list) -> list[float | None]:
                 marks += rows
                 accepted_at.append(len(out))
             elif board.move_tally([reply])[1]:
-                reward = -wordle_task.INVALID_PENALTY
+                reward = -game_env.INVALID_PENALTY
         out.append(reward)
     for turn, value in zip(accepted_at, credit.expected_credits(guesses, marks), strict=True):
         out[turn] = value
@@ -112,25 +112,26 @@ def _attach(trainer, run, grpo) -> None:
     """The local model's answer rows move only along their spelling (``spelling_tie``)."""
     if not grpo.tie_answer_rows:
         return
-    from trainer.task.spelling_tie import SpellingTiedRows
+    from trainer.task.wordle.spelling_tie import SpellingTiedRows
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     trainer.add_callback(SpellingTiedRows(model, trainer.processing_class))
 
 
-def _local_model(run, warm_start_config) -> tuple[str, float]:
+def _local_model(run, settings) -> tuple[str, float]:
     """The local default's model: a ~2.7 M-parameter Qwen3 with one token per answer, warm
-    started on the solver's games (``warm_start``, cached)."""
-    from trainer.task.warm_start import warm_start
+    started on the solver's games (``warm_start``, cached); ``settings``: the run's
+    ``trainer.settings.LocalModelSettings`` over ``WarmStartConfig``'s defaults."""
+    from trainer.task.wordle.warm_start import WarmStartConfig, warm_start
 
-    return warm_start(run.cache, warm_start_config)
+    return warm_start(run.cache, WarmStartConfig(**settings.given()))
 
 
 def _warm_start(run, model_path: str, games: int) -> tuple[str, float]:
     """A pretrained model's warm start on ``games`` teacher games (``hub_warm_start``), in a
     spawned child: its SFT peaked at ~10 GB of activations (SmolLM2-135M, 4k-token batches) that
     the trainer's process would keep as freed heap beside TRL's model."""
-    from trainer.task.hub_warm_start import hub_warm_start, logged
+    from trainer.task.wordle.hub_warm_start import hub_warm_start, logged
 
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
@@ -141,7 +142,7 @@ def hub_config(run, games: int):
     """The warm-start settings of a pretrained model from the run's (``games`` teacher games,
     ``run.hub_warm_start_turns`` calls of each, ``run.seed``); the rest are
     ``HubWarmStartConfig``'s measured defaults."""
-    from trainer.task.hub_warm_start import HubWarmStartConfig
+    from trainer.task.wordle.hub_warm_start import HubWarmStartConfig
 
     return HubWarmStartConfig(games=games, turns=run.hub_warm_start_turns, seed=run.seed)
 
@@ -152,7 +153,7 @@ def _share(name: str, label: str, *, better: bool | None = True, **where) -> Tas
 
 # Wordle's figures in the order they are shown: the step line shows those of the training games
 # (``step_figures``), the summary and the dashboard those of the held-out games (the evaluation
-# block, ``trainer.task.evaluate.summarize``) too; the headline ones are on the learning curve.
+# block, ``trainer.task.wordle.figures.summarize``) too; the headline ones are on the learning curve.
 EVAL_ONLY = {"steps": False}
 FIGURES = (
     _share("win_rate", "win rate", headline=True, **EVAL_ONLY),
@@ -191,7 +192,7 @@ FIGURES = (
 
 TASK = Task(
     name="wordle",
-    dataset=wordle_task.make_dataset,
+    dataset=game_env.make_dataset,
     server=EnvServer(
         "wordle-env",
         ("-m", "wordle_env.server.app"),
@@ -205,10 +206,10 @@ TASK = Task(
             ("WORDLE_MAX_SESSIONS_PER_CLIENT", "256"),
         ),
     ),
-    environment_factory=wordle_task.WordleToolEnv,
-    eval_seeds=lambda count: wordle_task.eval_seeds(count=count),
-    eval_seed_count=wordle_task.EVAL_SEED_COUNT,
-    eval_row=wordle_task.eval_row,
+    environment_factory=game_env.WordleToolEnv,
+    eval_seeds=lambda count: game_env.eval_seeds(count=count),
+    eval_seed_count=game_env.EVAL_SEED_COUNT,
+    eval_row=game_env.eval_row,
     eval_figures=_eval_figures,
     eval_reward=_eval_reward,
     check_context=_check_context,
@@ -216,7 +217,7 @@ TASK = Task(
     step_figures=step_figures,
     figures=FIGURES,
     turn_rewards=turn_rewards,
-    rewards=wordle_task.EPISODE_REWARDS,
+    rewards=game_env.EPISODE_REWARDS,
     attach=_attach,
     warm_start=_warm_start,
     local_model=_local_model,
@@ -237,25 +238,25 @@ def evaluate(
     model_name: str | None = None,
     draw: int = 0,
     env_headers: dict | None = None,
-    max_turns: int = wordle_task.MAX_TURNS,
+    max_turns: int = game_env.MAX_TURNS,
 ) -> dict:
     """Play the held-out games ``seeds`` through the replica (:data:`TASK`'s generic
     evaluation, ``trainer.task.tool_eval``), from flat arguments (the benches); returns the
     block: ``episodes``, ``reward_mean``, ``reward_se``, ``turns_mean``, ``tool_error_rate``,
-    ``trainer.task.evaluate.summarize``'s figures and, with ``per_seed``, each game's reward.
+    ``trainer.task.wordle.figures.summarize``'s figures and, with ``per_seed``, each game's reward.
 
     Args:
         replica_url: the replica's base URL (its ``/v1``).
         tokenizer_path: model folder or hub id whose tokenizer renders the prompts (its chat
             template one TRL's response parser knows).
         env_url: the Wordle server.
-        seeds: game seeds (the held-out set: ``trainer.task.wordle_task.eval_seeds``).
+        seeds: game seeds (the held-out set: ``trainer.task.wordle.game_env.eval_seeds``).
         max_tokens: completion cap per turn (the GRPO setting).
         temperature: 0 = greedy.
         workers: games played concurrently.
         headers: headers of every request to the replica (the fleet router's run key, or
             ``Authorization`` for a private Space).
-        board: tool replies carry the board (``trainer.task.board``), as in training.
+        board: tool replies carry the board (``trainer.task.wordle.board``), as in training.
         per_seed: add ``per_seed``: each game's environment reward, in ``seeds`` order (for a
             paired comparison of two evaluations on the same seeds).
         model_name: the model name the requests carry (an adapter run: its adapter name, which
@@ -273,7 +274,7 @@ def evaluate(
     """
     task = TASK
     if not board:
-        factory = functools.partial(wordle_task.WordleToolEnv, board=False)
+        factory = functools.partial(game_env.WordleToolEnv, board=False)
         task = dataclasses.replace(task, environment_factory=factory)
     request = EvalRequest(
         replica_url,

@@ -12,7 +12,7 @@ and it leaves GRPO room to learn which consistent words are better (its own win 
 against the top-3 teacher, the student's consistent share 0.47 vs 0.34: docs/BENCHMARKS.md
 section 6).
 
-Measured with ``python -m trainer.task.solver`` (4,000 games, 2-core machine): see the note in
+Measured with ``python -m trainer.task.wordle.solver`` (4,000 games, 2-core machine): see the note in
 docs/BENCHMARKS.md (win rate about 0.95, about 4 guesses per game).
 """
 
@@ -46,7 +46,6 @@ def solver_guesses(
     top_k: int | None = None,
     n_openers: int = 7,
     explore: float = 0.0,
-    repeat: float = 0.0,
 ):
     """Play ``game`` to its end with the stochastic solver; yields each move's result.
 
@@ -58,9 +57,6 @@ def solver_guesses(
         n_openers: the first guess is drawn from this many best openers.
         explore: probability that a later guess is a random answer not yet played instead (a
             weak player's move): games then look like a learner's own, longer and less consistent.
-        repeat: probability that an explored move repeats a word already played instead, an
-            invalid move the game refuses (at most one per game, so the game fits the rollout's
-            ``MAX_TURNS``): the learner's most frequent bad move, after which the teacher goes on.
 
     Yields:
         ``(guess, MoveResult, explored, options)`` for every move, the last one ends the game;
@@ -68,13 +64,10 @@ def solver_guesses(
         distribution for that move (the warm start's soft target); empty for an explored move.
     """
     candidates = list(wordlists.answers())
-    repeated = False
     while not game.done:
         explored = bool(game.guesses) and rng.random() < explore
         if not game.guesses:
             options = openers()[:n_openers]
-        elif explored and not repeated and rng.random() < repeat:
-            options, guess, repeated = (), rng.choice(game.guesses), True
         elif explored:  # not a lesson: no options
             options, guess = (), rng.choice(wordlists.answers())
             while guess in game.guesses:

@@ -9,9 +9,9 @@ the bottleneck, not the JSON). The other 3,180 allowed guesses are spelled in BP
 solver never plays them, and each extra vocabulary row costs every training token a column of the
 lm_head (its backward pass was the largest item of a GRPO step in a py-spy profile).
 
-Measured with ``python -m trainer.task.wordle_model`` (prints the token counts): see docs/BENCHMARKS.md.
+Measured with ``python -m trainer.task.wordle.model`` (prints the token counts): see docs/BENCHMARKS.md.
 
-The board items the trainer adds to each tool reply (``trainer.task.board``: feedback cells, known,
+The board items the trainer adds to each tool reply (``trainer.task.wordle.board``: feedback cells, known,
 present and absent letters) are single tokens too, and :func:`spelling_init` gives the answer
 tokens and the item tokens embeddings built from shared letter-at-position vectors, so that the
 model knows each word's spelling before it has seen a game (after the same warm start, win rate
@@ -27,12 +27,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from trainer.task import board, tiny_model
+from trainer.task import char_model
+from trainer.task.wordle import board
 from wordle_env import rules, wordlists
 
 # The Qwen3 chat template's special tokens (the character tokenizer's list, without its <unk>:
 # a byte-level BPE has no unknown token).
-SPECIAL_TOKENS = [t for t in tiny_model.SPECIAL_TOKENS if t != "<unk>"]
+SPECIAL_TOKENS = [t for t in char_model.SPECIAL_TOKENS if t != "<unk>"]
 TEMPLATE_FILE = "qwen3_instruct_2507.jinja"
 BPE_VOCAB = 1024  # byte-level BPE merges on top of the 256 bytes; the words come on top
 # The fixed text around the word of a ``guess`` call, as the chat template renders it: one token
@@ -61,7 +62,7 @@ def build_tokenizer(corpus: list[str]) -> Any:
 
     Returns:
         A ``transformers.PreTrainedTokenizerFast``: ``BPE_VOCAB`` byte-level BPE tokens, the
-        special tokens, every Wordle answer, every board item (``trainer.task.board.item_tokens``)
+        special tokens, every Wordle answer, every board item (``trainer.task.wordle.board.item_tokens``)
         and the text around a call's word (``CALL_OPEN``, ``CALL_CLOSE``) as a single
         (non-special) token.
         EOS is ``<|im_end|>``, PAD ``<|endoftext|>``; the chat template is :func:`chat_template`.

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trainer.task import board
+from trainer.task.wordle import board
 from wordle_env import rules, wordlists
 
 

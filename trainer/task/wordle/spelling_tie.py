@@ -1,6 +1,6 @@
 """GRPO that moves the local model's answer rows only along their spelling.
 
-The local model has one token per Wordle answer (``trainer.task.wordle_model``): its input and
+The local model has one token per Wordle answer (``trainer.task.wordle.model``): its input and
 output rows start from shared letter-at-position vectors (``spelling_init``) and the warm start
 trains them freely. A policy gradient on the training words then moves the rows of the words it
 played, which no held-out word shares (measured: training reward up, held-out flat; docs/
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from trainer.task.spelling import AnswerRowSpan, SpellingTieError, spelling_features
+from trainer.task.wordle.spelling import AnswerRowSpan, SpellingTieError, spelling_features
 
 __all__ = ["SpellingTieError", "SpellingTiedRows", "spelling_features"]
 
@@ -30,7 +30,7 @@ __all__ = ["SpellingTieError", "SpellingTiedRows", "spelling_features"]
 class SpellingTiedRows(TrainerCallback):
     """Project the GRPO change of the answer rows (input and output embeddings) onto their
     spelling features after every optimizer step (see the module docstring and
-    ``trainer.task.spelling.AnswerRowSpan``).
+    ``trainer.task.wordle.spelling.AnswerRowSpan``).
 
     Args:
         model: the trainer's ``Qwen3ForCausalLM`` (untied: input and output rows are separate).

@@ -1,8 +1,8 @@
 """The warm start of the local default model: supervised fine-tuning on solver transcripts.
 
 A random-init model never emits a well-formed tool call, so GRPO would see no reward differences.
-Before GRPO, :func:`warm_start` builds the task tokenizer (``trainer.task.wordle_model``), creates a
-small Qwen3 and fine-tunes it on games of the stochastic solver (``trainer.task.solver``) rendered with
+Before GRPO, :func:`warm_start` builds the task tokenizer (``trainer.task.wordle.model``), creates a
+small Qwen3 and fine-tunes it on games of the stochastic solver (``trainer.task.wordle.solver``) rendered with
 exactly the chat template, tool schema and tool-response texts the rollout uses, with the loss on
 the assistant turns only. The evaluation words are kept out.
 
@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-log = logging.getLogger("trainer.task.warm_start")
+log = logging.getLogger("trainer.task.wordle.warm_start")
 _WORD_ARG = '"word": "'  # the text just before the called word
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
@@ -47,26 +47,22 @@ class WarmStartConfig:
         learning_rate: AdamW peak learning rate (linear warm-up 5%, cosine decay to 10%).
         hidden_size: the local model's hidden size.
         layers: the local model's decoder layers.
-        init: ``spelling`` or ``random`` (``trainer.task.wordle_model.build_model``).
-        board: tool replies carry the board (``trainer.task.board``); False: the environment's text
-            only (the model must then align the two feedback rows itself).
+        init: ``spelling`` or ``random`` (``trainer.task.wordle.model.build_model``).
+        board: tool replies carry the board (``trainer.task.wordle.board``); False: the
+            environment's text only (the model must then align the two feedback rows itself).
         teacher_top_k: the solver's later guesses: None, a uniformly random consistent answer;
             k, one of the k best-scored.
         n_openers: the solver's first guess is one of this many best openers.
+
+            ``init``, ``board``, ``teacher_top_k`` and ``n_openers`` are the switches of the
+            warm-start ablation (``bench/bench_warm_start.py``, docs/BENCHMARKS.md): a run keeps
+            their defaults (``trainer.settings.LocalModelSettings`` sets none of them).
         soft: the loss at each called word is the cross-entropy against the teacher's whole
             distribution (:func:`soft_targets`); False: against the one word it played.
         explore: share of the solver's later moves replaced by a random answer (masked out of
             the loss): the model also learns the teacher's answer on histories like its own,
             where it otherwise wrote malformed calls (exposure bias; the idea of DAgger, Ross et
             al. 2011, with the solver as the expert).
-        repeat: share of the explored moves that repeat a word already played (an invalid move,
-            at most one per game; ``trainer.task.solver.solver_guesses``), so that the model sees
-            a game go on after one. Off (0): with it the model repeated more and won fewer
-            held-out games (docs/JOURNAL.md, "The trainer's defaults").
-        tie_rows: hold the answer rows to their spelling during SFT
-            (``trainer.task.spelling.AnswerRowSpan``), so the warm start learns nothing that
-            belongs to one word. Off: with it the model won more but read the board less, and
-            GRPO from it gained nothing measurable (docs/JOURNAL.md, "The trainer's defaults").
         seed: games, init and data order.
         threads: torch CPU threads.
     """
@@ -77,7 +73,6 @@ class WarmStartConfig:
     tokens_per_batch: int = 8192
     learning_rate: float = 3e-3
     explore: float = 0.25
-    repeat: float = 0.0
     hidden_size: int = 192
     layers: int = 2
     init: str = "spelling"
@@ -85,17 +80,17 @@ class WarmStartConfig:
     teacher_top_k: int | None = None
     n_openers: int = 7
     soft: bool = True
-    tie_rows: bool = False
     seed: int = 0
     threads: int = 2
 
 
 def _key(cfg: WarmStartConfig) -> str:
-    from trainer.task import board, solver, spelling, wordle_model, wordle_task
+    from trainer.task.wordle import board, game_env, solver, spelling
+    from trainer.task.wordle import model as wordle_model
     from wordle_env import wordlists
 
     h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
-    for mod in (board, solver, spelling, wordle_model, wordle_task):
+    for mod in (board, solver, spelling, wordle_model, game_env):
         with open(mod.__file__, "rb") as f:
             h.update(f.read())
     with open(__file__, "rb") as f:
@@ -110,11 +105,11 @@ def solver_games(
     n: int, seed: int, explore: float = 0.0, board: bool = True, **solver
 ) -> list[list[dict]]:
     """``n`` solver games (message lists) on the warm start's targets
-    (``trainer.task.wordle_task.warm_start_targets``: never an evaluation word, never one of
+    (``trainer.task.wordle.game_env.warm_start_targets``: never an evaluation word, never one of
     GRPO's), each target once in a shuffled pass before any comes again; ``explore`` and
-    ``solver`` (``top_k``, ``n_openers``) as in ``trainer.task.solver.solver_guesses``, ``board``
+    ``solver`` (``top_k``, ``n_openers``) as in ``trainer.task.wordle.solver.solver_guesses``, ``board``
     as in :class:`WarmStartConfig`."""
-    from trainer.task.wordle_task import solver_conversation, warm_start_targets
+    from trainer.task.wordle.game_env import solver_conversation, warm_start_targets
     from wordle_env.game import WordleGame
 
     rng = random.Random(seed)
@@ -129,7 +124,7 @@ def solver_games(
 def render(messages: list[dict], tokenizer) -> str:
     """A conversation as the rollout renders it (tools, no thinking)."""
     from trainer.task.chat_format import render_turns
-    from trainer.task.wordle_task import guess_tool
+    from trainer.task.wordle.game_env import guess_tool
 
     return render_turns(tokenizer, messages, [guess_tool()])
 
@@ -221,13 +216,11 @@ def _batches(seqs, tokens_per_batch: int, rng: random.Random):
     yield from batches
 
 
-def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, span=None, forward=None) -> dict:
+def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, forward=None) -> dict:
     """Supervised fine-tuning, loss on masked (assistant) tokens only, on the device that holds
     ``model`` (the local run: the CPU; ``bench/bench_warm_start_scale.py``: a GPU where there is
-    one). ``span``: a ``trainer.task.spelling.AnswerRowSpan`` of ``model`` to hold the answer rows
-    to their spelling after every optimizer step (``cfg.tie_rows``), or None. ``forward(model,
-    ids, attn)``: the (B, T, H) last hidden states of a padded batch (default: the decoder's
-    plain forward; ``trainer.task.hub_warm_start`` passes one that shares the games' common
+    one). ``forward(model, ids, attn)``: the (B, T, H) last hidden states of a padded batch (default: the decoder's
+    plain forward; ``trainer.task.wordle.hub_warm_start`` passes one that shares the games' common
     prompt). Returns figures."""
     import torch
 
@@ -248,8 +241,6 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, span=None, forward
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    if span is not None:
-        span.anchor()
     model.train()
     step, t0, tokens, last = 0, time.perf_counter(), 0, None
     from tqdm import tqdm
@@ -296,8 +287,6 @@ def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, span=None, forward
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            if span is not None:
-                span.project()
             sched.step()
             opt.zero_grad(set_to_none=True)
             tokens += int(attn.sum())
@@ -319,21 +308,20 @@ def teacher_games(cfg: WarmStartConfig) -> list[list[dict]]:
         cfg.board,
         top_k=cfg.teacher_top_k,
         n_openers=cfg.n_openers,
-        repeat=cfg.repeat,
     )
 
 
 def build(cfg: WarmStartConfig, device: str = "cpu", games=None) -> tuple[Any, Any, dict]:
     """Build the warm-started model (not cached): the teacher's games (``games``, when given:
     :func:`solver_games` of ``cfg`` made earlier), the tokenizer trained on them, the model
-    (``trainer.task.wordle_model``) and its SFT on ``device``.
+    (``trainer.task.wordle.model``) and its SFT on ``device``.
 
     Returns:
         ``(model, tokenizer, figures)``: the fp32 model on ``device``, the tokenizer, and
         :func:`train_sft`'s figures with ``game_tokens_mean``.
     """
-    from trainer.task import wordle_model
-    from trainer.task.tiny_model import make_char_tokenizer
+    from trainer.task.char_model import make_char_tokenizer
+    from trainer.task.wordle import model as wordle_model
 
     games = games or teacher_games(cfg)
     renderer = make_char_tokenizer(wordle_model.chat_template())  # renders text only
@@ -345,12 +333,7 @@ def build(cfg: WarmStartConfig, device: str = "cpu", games=None) -> tuple[Any, A
         seqs.append((ids, mask, soft_targets(ids, mask, game, tokenizer) if cfg.soft else []))
     model = wordle_model.build_model(tokenizer, cfg.seed, cfg.hidden_size, cfg.layers, cfg.init)
     model = model.to(device)
-    span = None
-    if cfg.tie_rows:
-        from trainer.task.spelling import AnswerRowSpan
-
-        span = AnswerRowSpan(model, tokenizer)
-    figures = train_sft(model, seqs, cfg, tokenizer.pad_token_id, span)
+    figures = train_sft(model, seqs, cfg, tokenizer.pad_token_id)
     figures["game_tokens_mean"] = sum(len(q[0]) for q in seqs) / len(seqs)
     return model, tokenizer, figures
 
@@ -390,7 +373,7 @@ def warm_start(cache_dir: str, cfg: WarmStartConfig | None = None) -> tuple[str,
     """
     import torch
 
-    from trainer.task import wordle_model
+    from trainer.task.wordle import model as wordle_model
 
     cfg = cfg or WarmStartConfig()
 
