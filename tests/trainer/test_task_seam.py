@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import ast
 import io
-import json
 import logging
 import tokenize
 from pathlib import Path
 
-import httpx
 import pytest
 
 import trainer
@@ -147,46 +145,18 @@ def test_the_command_line_picks_the_task(monkeypatch, capsys, caplog):
 @pytest.mark.slow
 def test_a_second_task_trains_through_the_same_trainer_replica_and_bucket(tmp_path, e2e_warm_start):
     from trainer.config import TrainConfig
-    from trainer.run import run
     from trainer.starting_point import initial_model
+
+    from .small_task_run import small_task_run
 
     local = TrainConfig.from_flags(runs_root=str(tmp_path), **e2e_warm_start)
     model, _ = initial_model(local.run, local.task(), local.local_model)  # the cached local model
-    cfg = TrainConfig.from_flags(
-        task="letter_task:TASK",
-        model=model,
-        run_id="letter",
-        runs_root=str(tmp_path),
-        max_steps=2,
-        num_generations=4,
-        per_device_train_batch_size=16,
-        token_budget=4096,
-        eval_episodes=16,
-        eval_every=0,
-        dashboard=False,
-    )
-    served = {}
-
-    def before_stop(stack, summary):  # while the letter server still runs
-        served.update(httpx.get(f"{stack.env_url}/stats", timeout=10).json())
-
-    summary = run(cfg, before_stop=before_stop)
-    # it trained the planned steps through the bucket, and the replica holds the final weights
-    assert summary["steps"] == 2 and summary["versions_published"] == [0, 1, 2]
-    assert summary["replica_bit_exact"] is True
-    assert summary["settings"]["run"]["task"] == "letter_task:TASK"
+    # 2 steps through the bucket, the replica bit-exact, a paired evaluation (small_task_run)
+    summary, served, steps = small_task_run(tmp_path, "letter_task:TASK", "letter", model=model)
     # the letter server scored every training episode and both evaluations, and rewards varied
     games = summary["train_games"]
     assert games >= 2 * 4 and served["answers"] >= games + 2 * 16
     assert 0 < served["rewarded"] < served["answers"], served
-    # the held-out evaluations ran through the replica with the task's own evaluate, paired
-    assert summary["eval_before"]["episodes"] == summary["eval_after"]["episodes"] == 16
-    assert summary["eval_paired"]["games"] == 16
-    steps = [
-        json.loads(line)
-        for line in (tmp_path / "letter" / "logs" / "steps.jsonl").read_text().splitlines()
-    ]
-    assert [s["step"] for s in steps] == [1, 2]
     assert all(0.0 <= s["reward"] <= 1.0 for s in steps)
     assert all(s["rewards/letter_reward"] == s["reward"] for s in steps)  # its one reward
     # its own figure (answer length), declared by the task, in the summary and each step's log
