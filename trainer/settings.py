@@ -69,7 +69,8 @@ class RunSettings:
     Attributes:
         bucket: run URI (``user/run`` means ``hf://buckets/user/run``; or hf://, s3://, file://, a
             folder). None: ``runs/<run_id>/bucket`` (the local default).
-        run_id: the run's name (bucket manifest, local folders).
+        run_id: the run's name (bucket manifest, local folders); from the command line, the
+            bucket's last part, else ``<task>-local`` (``wordle-local``, ``number-guess-local``).
         model: hub id or local folder; ``tiny`` creates a ~2.7 M-parameter Qwen3 locally. Default:
             ``tiny`` for the local run, ``Qwen/Qwen3-0.6B`` with a bucket.
         task: the environment trained on (``trainer.task.base.load_task``): ``wordle``, or

@@ -125,7 +125,11 @@ def test_the_command_line_picks_the_task(monkeypatch, capsys, caplog):
 
     monkeypatch.setenv("TASK", "letter_task:TASK")
     small = ["--eval-episodes", "16", "--eval-curve-episodes", "8"]
-    assert from_args(small).task().name == "letter"
+    picked = from_args(small)
+    assert picked.task().name == "letter"
+    # its local run has a folder of its own: a Wordle run's bucket is never resumed by it
+    assert picked.run.run_id == "letter-local" and picked.run.run_dir.endswith("letter-local")
+    assert from_args([*small, "--run-id", "mine"]).run.run_id == "mine"
     with pytest.raises(SystemExit) as e:  # argparse's error: the TaskError's message, exit 2
         from_args(["--task", "chess", *small])
     assert e.value.code == 2
