@@ -75,6 +75,12 @@ def test_a_child_dies_with_a_trainer_killed_outright(tmp_path):
     )
     child = int(parent.stdout.readline())
     os.kill(child, 0)  # the child runs while its parent does
+    # the kill comes once setpriv has set the death signal and exec'd the child's program (a
+    # parent killed before that, within milliseconds of the start, is a window setpriv has)
+    deadline = time.monotonic() + 30
+    while b"time.sleep(120)" not in open(f"/proc/{child}/cmdline", "rb").read():
+        assert time.monotonic() < deadline, "the child never started its program"
+        time.sleep(0.05)
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=10)
     deadline = time.monotonic() + 10
