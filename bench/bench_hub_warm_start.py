@@ -3,9 +3,9 @@ of new games, sampled, parsed and checked (docs/BENCHMARKS.md section 11 (a real
 
 The model is ``make model``'s SmolLM2-135M-Instruct with the trainer's tool template
 (``trainer.task.chat_format.with_tool_template``); each point builds (or finds cached) its warm
-start (``trainer.task.wordle.hub_warm_start``) with the settings given, then samples ``--samples`` first
-turns at temperature 1 over the whole vocabulary (as the replica's evaluation samples) from the
-prompt as the rollout renders it, in transformers on this machine. Reported: calls that parse
+start (``trainer.task.wordle.hub_warm_start``) with the settings given, then samples ``--samples``
+first turns at temperature 1 over the whole vocabulary (as the replica's evaluation samples) from
+the prompt as the rollout renders it, in transformers on this machine. Reported: calls that parse
 (``trainer.task.wordle.game_env.parse_call``), five-letter words, valid guesses (the Wordle server's
 word list), the SFT seconds. The replica's own evaluation of the default is in ``make train``'s
 summary; these figures compare settings with each other.

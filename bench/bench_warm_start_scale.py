@@ -2,9 +2,9 @@
 teacher games and more epochs, on a GPU where there is one (docs/BENCHMARKS.md section 6 (the main job), "What
 would take it to a win rate of 0.5").
 
-Each point builds the local model's warm start (``trainer.task.wordle.warm_start.build``: the teacher's
-games, the tokenizer, the spelling-initialised model, SFT) with ``games`` teacher games and
-``epochs`` passes, then plays the first ``--episodes`` held-out games in this process: the model
+Each point builds the local model's warm start (``trainer.task.wordle.warm_start.build``: the
+teacher's games, the tokenizer, the spelling-initialised model, SFT) with ``games`` teacher games
+and ``epochs`` passes, then plays the first ``--episodes`` held-out games in this process: the model
 samples each turn at temperature 1 over its whole vocabulary (as the replica's evaluation does),
 the game is ``wordle_env.game.WordleGame`` (the rules the Wordle server runs) and the tool replies
 are the trainer's own (``EpisodeStats.reply``). Reported per point: win rate, the environment's

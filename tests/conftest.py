@@ -52,8 +52,8 @@ def e2e_warm_start(tmp_path_factory) -> dict:
     """The trainer flags of the end-to-end tests' warm start (``E2E_WARM_START`` and
     ``cache_dir``), built once for the whole run in a cache folder shared by make test's workers;
     a file lock makes the second worker wait for the first one's build instead of building it
-    again (``trainer.task.wordle.warm_start`` keys its cache by every input, so a run with these fields
-    finds it there)."""
+    again (``trainer.task.wordle.warm_start`` keys its cache by every input, so a run with these
+    fields finds it there)."""
     from filelock import FileLock
 
     from trainer.config import TrainConfig

@@ -415,13 +415,8 @@ def from_args(argv: list[str] | None = None) -> TrainConfig:
                     f"fix it, or unset it for the default ({_default(flag)!r})"
                 )
     kw.update({k: v for k, v in vars(ns).items() if v is not None})
-    if kw.get("bucket") and "run_id" not in kw:
-        kw["run_id"] = kw["bucket"].rstrip("/").split("/")[-1]
     given = dict(kw)
     try:
-        if "run_id" not in kw and kw.get("task"):
-            # another task's local run gets its own folder: never a Wordle run's bucket to resume
-            kw["run_id"] = load_task(kw["task"]).name.replace("_", "-") + "-local"
         kw = hub_cpu_defaults(kw)
         cfg = TrainConfig.from_flags(**kw)
     except ValueError as e:  # a section refused a value (AdapterConfigError, CpuDtypeError, ...)

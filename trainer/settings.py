@@ -69,17 +69,18 @@ class RunSettings:
     Attributes:
         bucket: run URI (``user/run`` means ``hf://buckets/user/run``; or hf://, s3://, file://, a
             folder). None: ``runs/<run_id>/bucket`` (the local default).
-        run_id: the run's name (bucket manifest, local folders); from the command line, the
-            bucket's last part, else ``<task>-local`` (``wordle-local``, ``number-guess-local``).
+        run_id: the run's name (bucket manifest, local folders). None: the bucket's last part,
+            else ``<task>-local`` (``wordle-local``, ``number-guess-local``), so that another
+            task's local run never resumes a Wordle run's bucket.
         model: hub id or local folder; ``tiny`` creates a ~2.7 M-parameter Qwen3 locally. Default:
             ``tiny`` for the local run, ``Qwen/Qwen3-0.6B`` with a bucket.
         task: the environment trained on (``trainer.task.base.load_task``): ``wordle``, or
             ``package.module:NAME`` naming your own ``trainer.task.base.Task``.
         hub_warm_start_games: teacher games a hub model (or model folder) is fine-tuned on before
-            GRPO (``trainer.task.wordle.hub_warm_start``; each cut to ``hub_warm_start_turns`` calls; 0:
-            none). None: ``HUB_WARM_START_GAMES`` when the model's chat template has no tools (it
-            has never been shown one: SmolLM2-135M-Instruct wrote 0 parsable calls in 512 games),
-            else 0 (Qwen3 keeps its own tool calling).
+            GRPO (``trainer.task.wordle.hub_warm_start``; each cut to ``hub_warm_start_turns``
+            calls; 0: none). None: ``HUB_WARM_START_GAMES`` when the model's chat template has no
+            tools (it has never been shown one: SmolLM2-135M-Instruct wrote 0 parsable calls in 512
+            games), else 0 (Qwen3 keeps its own tool calling).
         hub_warm_start_turns: calls kept of each teacher game in that warm start (the game is cut
             after the tool reply of the last one; ``HubWarmStartConfig.turns``, part of its cache
             key). 6 (the default): whole games (~1,000 tokens), which teach the words of every
@@ -100,7 +101,7 @@ class RunSettings:
     """
 
     bucket: str | None = None
-    run_id: str = "wordle-local"
+    run_id: str | None = None
     model: str | None = None
     task: str = "wordle"
     hub_warm_start_games: int | None = None
@@ -114,6 +115,9 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         from deltasync.link import LinkProfileError, link_for
+
+        if self.run_id is None:
+            self.run_id = self._default_run_id()
 
         try:
             link_for(self.net)
@@ -130,6 +134,17 @@ class RunSettings:
                 f"hub_warm_start_games: expected 0 (no warm start) or more games, found "
                 f"{self.hub_warm_start_games}"
             )
+
+    def _default_run_id(self) -> str:
+        """The bucket's last part, else ``<task name>-local`` (``_`` as ``-``).
+
+        Raises:
+            trainer.task.base.TaskError: the task cannot be loaded."""
+        if self.bucket:
+            return self.bucket.rstrip("/").split("/")[-1]
+        from trainer.task.base import load_task
+
+        return load_task(self.task).name.replace("_", "-") + "-local"
 
     @property
     def local(self) -> bool:
@@ -283,9 +298,9 @@ class GRPOSettings:
             ``(r - mean) / std`` over the group, what TRL's async worker does (docs/BENCHMARKS.md
             section 6 compares them).
         tie_answer_rows: GRPO changes the local model's answer rows only along their spelling
-            (``trainer.task.wordle.spelling_tie``), so what it learns on training words reaches held-out
-            words. None (resolved by :class:`TrainConfig`): on for the local model trained in
-            full, off otherwise (a hub tokenizer does not hold the answers as single tokens).
+            (``trainer.task.wordle.spelling_tie``), so what it learns on training words reaches
+            held-out words. None (resolved by :class:`TrainConfig`): on for the local model trained
+            in full, off otherwise (a hub tokenizer does not hold the answers as single tokens).
         per_device_train_batch_size: episodes generated concurrently and queued for the trainer
             (TRL's ``samples_per_step``). How many a step trains on is set by ``token_budget``.
         max_completion_length: tokens per assistant turn (TRL applies it to each turn): a
@@ -381,8 +396,8 @@ class GRPOSettings:
             )
         if self.scale_rewards not in ("group", "none"):
             raise GRPOConfigError(
-                f"scale_rewards={self.scale_rewards!r}: expected 'group' (TRL's (r - mean) / std) or "
-                "'none' (r - mean); set --scale-rewards to one of them"
+                f"scale_rewards={self.scale_rewards!r}: expected 'group' (TRL's (r - mean) / std) "
+                "or 'none' (r - mean); set --scale-rewards to one of them"
             )
 
 

@@ -5,11 +5,12 @@ Following: an adapter run (``DeltaPublisher(adapter=AdapterInfo)``) is served un
 name through the front; greedy tokens and logprobs change with each version and equal vLLM's own
 output for the trainer's adapter loaded directly (a folder written with safetensors' torch API);
 the folder the replica wrote is bit-exact to the published tensors; answers are stamped with the
-version; the front's ``/v1/models`` lists the base model and the stable name, not the versions. Faults: a corrupt delta, a truncated part and a missing part are refused while the
-replica keeps serving (same tokens), each recovered from an anchor; an adapter of another base
-model is refused with WrongBaseModelError while it keeps serving; a sync loop SIGKILLed inside a
-load (vLLM has the new name, the loop never routed it) is restarted, unloads what it left,
-re-anchors and serves. Each test uses its own adapter name on the shared server."""
+version; the front's ``/v1/models`` lists the base model and the stable name, not the versions.
+Faults: a corrupt delta, a truncated part and a missing part are refused while the replica keeps
+serving (same tokens), each recovered from an anchor; an adapter of another base model is refused
+with WrongBaseModelError while it keeps serving; a sync loop SIGKILLed inside a load (vLLM has the
+new name, the loop never routed it) is restarted, unloads what it left, re-anchors and serves. Each
+test uses its own adapter name on the shared server."""
 
 from __future__ import annotations
 

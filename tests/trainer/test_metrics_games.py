@@ -221,7 +221,8 @@ def test_callback_writes_the_steps_consistent_share_and_games(capsys):
 
 
 def _eval_block() -> dict:
-    """A ``trainer.task.wordle.figures.summarize`` block, with ``evaluate(per_seed=True)``'s extra key."""
+    """A ``trainer.task.wordle.figures.summarize`` block, with ``evaluate(per_seed=True)``'s extra
+    key."""
     return {
         "episodes": 4,
         "wellformed_rate": 1.0,

@@ -130,6 +130,14 @@ def test_the_command_line_picks_the_task(monkeypatch, capsys, caplog):
     # its local run has a folder of its own: a Wordle run's bucket is never resumed by it
     assert picked.run.run_id == "letter-local" and picked.run.run_dir.endswith("letter-local")
     assert from_args([*small, "--run-id", "mine"]).run.run_id == "mine"
+    # the same from Python: the default lives in the run's settings, not in the command line
+    from trainer.config import TrainConfig
+    from trainer.settings import RunSettings
+
+    flags = {"task": "letter_task:TASK", "eval_episodes": 16, "eval_curve_episodes": 8}
+    assert TrainConfig.from_flags(**flags).run.run_id == "letter-local"
+    assert TrainConfig.from_flags(**flags, bucket="user/my-run/").run.run_id == "my-run"
+    assert RunSettings().run_id == "wordle-local"
     with pytest.raises(SystemExit) as e:  # argparse's error: the TaskError's message, exit 2
         from_args(["--task", "chess", *small])
     assert e.value.code == 2

@@ -21,7 +21,8 @@ CPU):
    as torch ops. The log-probabilities of trained positions are the same either way.
 
 A fourth, the rollout child's ``add_response_schema``, accepts only known chat templates: the local
-model carries TRL's own Qwen3 template (``trainer.task.wordle.model``), so nothing is patched for it.
+model carries TRL's own Qwen3 template (``trainer.task.wordle.model``), so nothing is patched for
+it.
 
 A fifth is not CPU-specific: the rollout child buffers up to 16 finished GRPO groups waiting to be
 scored (``score_queue_maxsize``, not exposed by ``AsyncGRPOConfig``) on top of ``queue_maxsize``;

@@ -3,17 +3,18 @@ of the last guess and the running constraints of the whole game, in plain words.
 
 The environment answers a guess with two aligned rows (``C R A N E`` over ``X G Y X X``). Reading
 them needs the model to align the two rows by position, which a small model does not learn (the
-round-2 runs: 1-2% of guesses fit the feedback; the ablation in docs/BENCHMARKS.md section 6 (the main job):
-0.02 without the board). The trainer's tool reply keeps that text and adds the same facts as separate items::
+round-2 runs: 1-2% of guesses fit the feedback; the ablation in docs/BENCHMARKS.md section 6 (the
+main job): 0.02 without the board). The trainer's tool reply keeps that text and adds the same facts
+as separate items::
 
     Letters: c1 grey, r2 green, a3 yellow, n4 grey, e5 grey,
     Constraints: r at 2, a in word, c not in word, n not in word, e not in word,
     Tried: crane.
 
 Each item, with the space before it and the comma after it, is one token of the local tokenizer
-(``trainer.task.wordle.model``; ``" r2 green,"``): a *cell* (position, letter, mark; 5 x 26 x 3 = 390),
-a *known* letter at a position (130), a letter *present* in the word (26), a letter *absent* from
-it (26). Framing the separators into the item halves the board's tokens (measured: 45 -> 23 per
+(``trainer.task.wordle.model``; ``" r2 green,"``): a *cell* (position, letter, mark; 5 x 26 x 3 =
+390), a *known* letter at a position (130), a letter *present* in the word (26), a letter *absent*
+from it (26). Framing the separators into the item halves the board's tokens (measured: 45 -> 23 per
 turn), which every warm-start, rollout and training token pays for. A hub model reads the same
 text with its own tokenizer.
 
@@ -58,7 +59,8 @@ def absent_token(letter: str) -> str:
 
 @dataclass(frozen=True)
 class TokenParts:
-    """What an item token means, for the local model's spelling init (``trainer.task.wordle.model``).
+    """What an item token means, for the local model's spelling init
+    (``trainer.task.wordle.model``).
 
     Attributes:
         kind: ``cell``, ``known``, ``present`` or ``absent``.
@@ -214,9 +216,9 @@ def move_tally(completion: Sequence[dict]) -> tuple[int, dict[str, int]]:
 
 
 def consistency(completion: Sequence[dict]) -> tuple[int, int]:
-    """``(consistent, checked)`` of one episode, as ``trainer.task.wordle.game_env.EpisodeStats`` counts
-    them: ``checked`` accepted guesses from the 2nd on, ``consistent`` of them could still be the
-    secret word given all earlier feedback (:func:`is_consistent`)."""
+    """``(consistent, checked)`` of one episode, as ``trainer.task.wordle.game_env.EpisodeStats``
+    counts them: ``checked`` accepted guesses from the 2nd on, ``consistent`` of them could still be
+    the secret word given all earlier feedback (:func:`is_consistent`)."""
     guesses, marks = accepted_moves(completion)
     consistent = sum(
         is_consistent(guesses[i], guesses[:i], marks[:i]) for i in range(1, len(guesses))

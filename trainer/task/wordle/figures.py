@@ -2,9 +2,9 @@
 (``trainer.task.tool_eval``), which plays each held-out game through the replica with
 ``WordleToolEnv``, TRL's chat rendering and its response parser, as TRL's rollout plays a
 training game. Here: the Wordle figures of the played games (:func:`figures`, the block's names
-that the summary, the dashboard and ``trainer.task.wordle.task.FIGURES`` read), the game's own reward
-(:func:`eval_reward`) and the context check. ``trainer.task.wordle.task.evaluate`` runs the whole
-evaluation from flat arguments (the benches).
+that the summary, the dashboard and ``trainer.task.wordle.task.FIGURES`` read), the game's own
+reward (:func:`eval_reward`) and the context check. ``trainer.task.wordle.task.evaluate`` runs the
+whole evaluation from flat arguments (the benches).
 
 Because the games go through the replica that received the deltas, a rise between the evaluation
 before the first GRPO step and after the last one shows that the deltas carried the learning.
@@ -165,7 +165,8 @@ def summarize(results: list[EpisodeResult]) -> dict:
             sum(r.stats.accepted >= 2 or r.stats.won for r in results) / n, 4
         ),
         "bad_end_rate": round(sum(r.end in ("malformed", "invalid") for r in results) / n, 4),
-        # the mechanism: later guesses that fit every earlier feedback row (trainer.task.wordle.board)
+        # the mechanism: later guesses that fit every earlier feedback row
+        # (trainer.task.wordle.board)
         "consistent_rate": round(consistent / checked, 4) if checked else 0.0,
         "invalid_rate": round(sum(r.stats.invalid for r in results) / turns, 4) if turns else 0.0,
         # invalid moves by the environment's reason, summed over the games (``repeated_guess``:

@@ -105,9 +105,9 @@ def grpo_targets() -> frozenset:
     Three disjoint sets of targets, as a train/validation/test split: the warm start learns
     its targets by heart (it wins 0.47 of games on them and 0.31 on words it never saw as a
     target), so GRPO on those words reinforced memorised play that held-out words do not share.
-    Measured (docs/BENCHMARKS.md section 6 (the main job), "Training words and held-out words"): GRPO's held-out
-    gain +0.025, +0.011 and +0.020 in three runs on words the teacher never played, against
-    +0.015 (SD 0.004, eight runs) on the teacher's words."""
+    Measured (docs/BENCHMARKS.md section 6 (the main job), "Training words and held-out words"):
+    GRPO's held-out gain +0.025, +0.011 and +0.020 in three runs on words the teacher never played,
+    against +0.015 (SD 0.004, eight runs) on the teacher's words."""
     held_out = held_out_targets()
     return frozenset(
         w
@@ -144,9 +144,9 @@ def make_dataset(n_rows: int, seed: int = 0):
 
 def tool_reply(reply: str, done: bool, guesses=(), marks=()) -> str:
     """The tool message the model reads after a move: the game's own reply, then, while the game
-    goes on, the board (``trainer.task.wordle.board.render``: the last guess's cells, the running constraints,
-    the words tried) built from the accepted ``guesses`` and their feedback ``marks``; marked when
-    the game is over (nothing follows to decide)."""
+    goes on, the board (``trainer.task.wordle.board.render``: the last guess's cells, the running
+    constraints, the words tried) built from the accepted ``guesses`` and their feedback ``marks``;
+    marked when the game is over (nothing follows to decide)."""
     if done:
         return reply + GAME_OVER
     shown = board.render(guesses, marks)
@@ -199,7 +199,8 @@ class EpisodeStats:
         guesses: the accepted guesses, in order.
         marks: their feedback rows (``G``/``Y``/``X`` strings).
         consistent: accepted guesses from the 2nd on that could still be the secret word given all
-            earlier feedback (``trainer.task.wordle.board.is_consistent``); ``checked`` counts those guesses.
+            earlier feedback (``trainer.task.wordle.board.is_consistent``); ``checked`` counts those
+            guesses.
     """
 
     best_credit: float = 0.0
@@ -439,13 +440,13 @@ def eval_row(seed: int) -> dict:
 def solver_conversation(
     game, rng, explore: float = 0.0, with_board: bool = True, **solver
 ) -> list[dict]:
-    """The messages of one game played by ``trainer.task.wordle.solver`` in the format TRL builds during
-    rollouts: prompt (reset text appended), then per move a ``guess`` call and the tool's reply,
-    and a final short assistant message once the game is over. Exploratory moves (see
+    """The messages of one game played by ``trainer.task.wordle.solver`` in the format TRL builds
+    during rollouts: prompt (reset text appended), then per move a ``guess`` call and the tool's
+    reply, and a final short assistant message once the game is over. Exploratory moves (see
     ``solver_guesses``, which also takes ``solver``'s ``top_k`` and ``n_openers``) carry
     ``"train": False``: they shape the history, not the lesson. Each call also carries
-    ``"options"``, the words the solver drew it from (the teacher's distribution). ``with_board=False`` leaves the
-    board out of the tool replies (an ablation)."""
+    ``"options"``, the words the solver drew it from (the teacher's distribution).
+    ``with_board=False`` leaves the board out of the tool replies (an ablation)."""
     from trainer.task.wordle.solver import solver_guesses
 
     messages = prompt_messages()

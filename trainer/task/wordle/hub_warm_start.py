@@ -3,8 +3,8 @@
 SmolLM2-135M-Instruct, given the Wordle prompt and the tool, wrote 0 parsable calls in 512
 held-out games (prose, code blocks, ``<tool_call2>``): GRPO would see no reward differences and
 publish nothing. Before GRPO, :func:`hub_warm_start` fine-tunes the model (every weight) on the
-teacher's games (``trainer.task.wordle.warm_start.solver_games``, the warm start's target words only),
-rendered with the model's own tokenizer and exactly the template the rollout uses
+teacher's games (``trainer.task.wordle.warm_start.solver_games``, the warm start's target words
+only), rendered with the model's own tokenizer and exactly the template the rollout uses
 (``trainer.task.chat_format.rollout_template``), the loss on the assistant turns only
 (``trainer.task.wordle.warm_start.train_sft`` with hard labels: the soft targets need one token per
 word, and in a BPE vocabulary a word is several).

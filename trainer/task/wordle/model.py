@@ -9,16 +9,17 @@ the bottleneck, not the JSON). The other 3,180 allowed guesses are spelled in BP
 solver never plays them, and each extra vocabulary row costs every training token a column of the
 lm_head (its backward pass was the largest item of a GRPO step in a py-spy profile).
 
-Measured with ``python -m trainer.task.wordle.model`` (prints the token counts): see docs/BENCHMARKS.md.
+Measured with ``python -m trainer.task.wordle.model`` (prints the token counts): see
+docs/BENCHMARKS.md.
 
-The board items the trainer adds to each tool reply (``trainer.task.wordle.board``: feedback cells, known,
-present and absent letters) are single tokens too, and :func:`spelling_init` gives the answer
+The board items the trainer adds to each tool reply (``trainer.task.wordle.board``: feedback cells,
+known, present and absent letters) are single tokens too, and :func:`spelling_init` gives the answer
 tokens and the item tokens embeddings built from shared letter-at-position vectors, so that the
 model knows each word's spelling before it has seen a game (after the same warm start, win rate
 0.38 against 0.00 from a random init: docs/BENCHMARKS.md section 6 (the main job)).
 
-The chat template is TRL's ``qwen3_instruct_2507`` (Qwen3 without thinking blocks): TRL recognises it
-(tool-call parsing) and it is prefix-preserving, so TRL's rollout renders it as is.
+The chat template is TRL's ``qwen3_instruct_2507`` (Qwen3 without thinking blocks): TRL recognises
+it (tool-call parsing) and it is prefix-preserving, so TRL's rollout renders it as is.
 torch, transformers and tokenizers are imported inside the functions.
 """
 
@@ -62,9 +63,9 @@ def build_tokenizer(corpus: list[str]) -> Any:
 
     Returns:
         A ``transformers.PreTrainedTokenizerFast``: ``BPE_VOCAB`` byte-level BPE tokens, the
-        special tokens, every Wordle answer, every board item (``trainer.task.wordle.board.item_tokens``)
-        and the text around a call's word (``CALL_OPEN``, ``CALL_CLOSE``) as a single
-        (non-special) token.
+        special tokens, every Wordle answer, every board item
+        (``trainer.task.wordle.board.item_tokens``) and the text around a call's word
+        (``CALL_OPEN``, ``CALL_CLOSE``) as a single (non-special) token.
         EOS is ``<|im_end|>``, PAD ``<|endoftext|>``; the chat template is :func:`chat_template`.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -12,8 +12,8 @@ and it leaves GRPO room to learn which consistent words are better (its own win 
 against the top-3 teacher, the student's consistent share 0.47 vs 0.34: docs/BENCHMARKS.md
 section 6).
 
-Measured with ``python -m trainer.task.wordle.solver`` (4,000 games, 2-core machine): see the note in
-docs/BENCHMARKS.md (win rate about 0.95, about 4 guesses per game).
+Measured with ``python -m trainer.task.wordle.solver`` (4,000 games, 2-core machine): see the note
+in docs/BENCHMARKS.md (win rate about 0.95, about 4 guesses per game).
 """
 
 from __future__ import annotations

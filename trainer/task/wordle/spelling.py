@@ -2,17 +2,17 @@
 
 The local model has one token per Wordle answer (``trainer.task.wordle.model``). Its answer rows
 (input and output embeddings) start as sums of letter-at-position and letter vectors
-(``wordle_model.spelling_init``), i.e. inside the span of the spelling features ``S`` (answers x
-156: a one-hot letter at each of the 5 positions, 130 columns, and one per distinct letter, 26;
-rank 147). :class:`AnswerRowSpan` projects rows back onto that span,
+(``trainer.task.wordle.model.spelling_init``), i.e. inside the span of the spelling features ``S``
+(answers x 156: a one-hot letter at each of the 5 positions, 130 columns, and one per distinct
+letter, 26; rank 147). :class:`AnswerRowSpan` projects rows back onto that span,
 
     W_answers <- W0 + U U^T (W_answers - W0),   U = orthonormal basis of S's columns (SVD),
 
-so what training changes in a word's row is shared with every word spelled alike: the warm start
-(``WarmStartConfig.tie_rows``) and GRPO (``trainer.task.wordle.spelling_tie``) then learn nothing that
-belongs to one training word alone, and held-out words get what training words get. Measured: with
-free rows the default warm start wins 0.47 of games on training words and 0.31 on held-out words
-(docs/BENCHMARKS.md section 6 (the main job), "Training words and held-out words").
+so what training changes in a word's row is shared with every word spelled alike: GRPO
+(``trainer.task.wordle.spelling_tie``, ``--tie-answer-rows``) then learns nothing that belongs to
+one training word alone, and held-out words get what training words get. Measured:
+with free rows the default warm start wins 0.47 of games on training words and 0.31 on held-out
+words (docs/BENCHMARKS.md section 6 (the main job), "Training words and held-out words").
 torch is imported inside the functions.
 """
 

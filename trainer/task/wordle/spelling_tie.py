@@ -4,11 +4,11 @@ The local model has one token per Wordle answer (``trainer.task.wordle.model``):
 output rows start from shared letter-at-position vectors (``spelling_init``) and the warm start
 trains them freely. A policy gradient on the training words then moves the rows of the words it
 played, which no held-out word shares (measured: training reward up, held-out flat; docs/
-BENCHMARKS.md section 6 (the main job)). :class:`SpellingTiedRows` keeps what GRPO changes in those rows a function
-of spelling: after each optimizer step the change of the answer rows since GRPO began, ``D``
-(answers x hidden), is replaced by its projection onto the span of the spelling features ``S``
-(answers x 156: a one-hot letter at each of the 5 positions, 130 columns, and one per distinct
-letter, 26, the same parts as ``spelling_init``):
+BENCHMARKS.md section 6 (the main job)). :class:`SpellingTiedRows` keeps what GRPO changes in those
+rows a function of spelling: after each optimizer step the change of the answer rows since GRPO
+began, ``D`` (answers x hidden), is replaced by its projection onto the span of the spelling
+features ``S`` (answers x 156: a one-hot letter at each of the 5 positions, 130 columns, and one per
+distinct letter, 26, the same parts as ``spelling_init``):
 
     W_answers <- W0 + U U^T (W_answers - W0),   U = orthonormal basis of S's columns (SVD)
 

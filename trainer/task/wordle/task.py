@@ -1,8 +1,8 @@
 """Wordle as a :class:`~trainer.task.base.Task`: the one environment the template ships.
 
 Each piece is defined in its own module of this package (``game_env``: prompts, the OpenEnv
-client as TRL's tool environment, the reward; ``figures``: the figures of the held-out games, which the
-generic evaluation of tool tasks plays (``tool_eval``); ``board``: the per-episode
+client as TRL's tool environment, the reward; ``figures``: the figures of the held-out games, which
+the generic evaluation of tool tasks plays (``tool_eval``); ``board``: the per-episode
 counts; ``warm_start`` / ``hub_warm_start``: the teacher's warm starts; ``spelling_tie``: the
 local model's answer rows). This file assembles them, and plays the held-out games from flat
 arguments for the benches (:func:`evaluate`).
@@ -153,7 +153,8 @@ def _share(name: str, label: str, *, better: bool | None = True, **where) -> Tas
 
 # Wordle's figures in the order they are shown: the step line shows those of the training games
 # (``step_figures``), the summary and the dashboard those of the held-out games (the evaluation
-# block, ``trainer.task.wordle.figures.summarize``) too; the headline ones are on the learning curve.
+# block, ``trainer.task.wordle.figures.summarize``) too; the headline ones are on the learning
+# curve.
 EVAL_ONLY = {"steps": False}
 FIGURES = (
     _share("win_rate", "win rate", headline=True, **EVAL_ONLY),

@@ -2,9 +2,9 @@
 
 A random-init model never emits a well-formed tool call, so GRPO would see no reward differences.
 Before GRPO, :func:`warm_start` builds the task tokenizer (``trainer.task.wordle.model``), creates a
-small Qwen3 and fine-tunes it on games of the stochastic solver (``trainer.task.wordle.solver``) rendered with
-exactly the chat template, tool schema and tool-response texts the rollout uses, with the loss on
-the assistant turns only. The evaluation words are kept out.
+small Qwen3 and fine-tunes it on games of the stochastic solver (``trainer.task.wordle.solver``)
+rendered with exactly the chat template, tool schema and tool-response texts the rollout uses, with
+the loss on the assistant turns only. The evaluation words are kept out.
 
 A plain PyTorch loop, not TRL's ``SFTTrainer``: the 2507 template has no ``{% generation %}``
 markers, so ``assistant_only_loss`` would need a patched template, while the assistant spans are
@@ -107,8 +107,8 @@ def solver_games(
     """``n`` solver games (message lists) on the warm start's targets
     (``trainer.task.wordle.game_env.warm_start_targets``: never an evaluation word, never one of
     GRPO's), each target once in a shuffled pass before any comes again; ``explore`` and
-    ``solver`` (``top_k``, ``n_openers``) as in ``trainer.task.wordle.solver.solver_guesses``, ``board``
-    as in :class:`WarmStartConfig`."""
+    ``solver`` (``top_k``, ``n_openers``) as in ``trainer.task.wordle.solver.solver_guesses``,
+    ``board`` as in :class:`WarmStartConfig`."""
     from trainer.task.wordle.game_env import solver_conversation, warm_start_targets
     from wordle_env.game import WordleGame
 
@@ -219,9 +219,9 @@ def _batches(seqs, tokens_per_batch: int, rng: random.Random):
 def train_sft(model, seqs, cfg: WarmStartConfig, pad_id: int, forward=None) -> dict:
     """Supervised fine-tuning, loss on masked (assistant) tokens only, on the device that holds
     ``model`` (the local run: the CPU; ``bench/bench_warm_start_scale.py``: a GPU where there is
-    one). ``forward(model, ids, attn)``: the (B, T, H) last hidden states of a padded batch (default: the decoder's
-    plain forward; ``trainer.task.wordle.hub_warm_start`` passes one that shares the games' common
-    prompt). Returns figures."""
+    one). ``forward(model, ids, attn)``: the (B, T, H) last hidden states of a padded batch
+    (default: the decoder's plain forward; ``trainer.task.wordle.hub_warm_start`` passes one that
+    shares the games' common prompt). Returns figures."""
     import torch
 
     device = next(model.parameters()).device
