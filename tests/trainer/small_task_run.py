@@ -52,4 +52,6 @@ def small_task_run(runs_root: Path, task: str, run_id: str, **flags) -> tuple[di
     log = runs_root / run_id / "logs" / "steps.jsonl"
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
+    # the trainer's memory, each step (a run that grows shows it): resident now, and the peak
+    assert all(0 < s["mem/rss_gb"] <= s["mem/peak_rss_gb"] for s in steps), steps[-1]
     return summary, served, steps

@@ -51,6 +51,25 @@ def _num(logs: dict, *keys) -> float | None:
     return None
 
 
+def process_memory() -> dict[str, float]:
+    """This process's memory in GB (1e9 bytes), as ``steps.jsonl`` records it each step:
+    ``mem/rss_gb`` resident now (``/proc/self/statm``; left out where there is no ``/proc``) and
+    ``mem/peak_rss_gb`` the peak so far (``getrusage``'s ``ru_maxrss``, KiB on Linux)."""
+    import resource
+
+    out = {}
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        out["mem/rss_gb"] = round(pages * os.sysconf("SC_PAGE_SIZE") / 1e9, 3)
+    except (OSError, ValueError, IndexError):
+        pass
+    out["mem/peak_rss_gb"] = round(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, 3
+    )
+    return out
+
+
 class BucketMetricsCallback(TrainerCallback):
     """Collects reward, loss, staleness, the training games and their consistent share, step time
     and publish costs per step and writes them, and the evaluations, to the bucket.
@@ -64,7 +83,8 @@ class BucketMetricsCallback(TrainerCallback):
             trainer exists (the metrics come first: the evaluations record into them).
         keep: newest steps kept in the file.
         log_path: a local JSON-lines file that receives every logged dict in full (TRL's
-            ``perf/*``, ``sample/*``, ``rollout/*`` counters), one line per step; None: none.
+            ``perf/*``, ``sample/*``, ``rollout/*`` counters, and the trainer's ``mem/*``:
+            :func:`process_memory`), one line per step; None: none.
         min_write_interval_s: on remote stores (hf://, s3://) the file is rewritten at most this
             often (each write costs Hub API calls, shared by the whole fleet); locally after
             every step. Evaluations and the end of training always write.
@@ -308,7 +328,10 @@ class BucketMetricsCallback(TrainerCallback):
         if self.log_path is not None:
             played = {f"games/{k}": v for k, v in figures.items()}
             with open(self.log_path, "a") as f:
-                f.write(json.dumps({"step": state.global_step, **logs, **played, **store}) + "\n")
+                mem = process_memory()  # the trainer's: a run that grows shows it step by step
+                f.write(
+                    json.dumps({"step": state.global_step, **logs, **played, **store, **mem}) + "\n"
+                )
         m = StepMetrics(
             step=state.global_step,
             version=entry.version if entry else None,

@@ -49,6 +49,12 @@ def solver_guesses(
 ):
     """Play ``game`` to its end with the stochastic solver; yields each move's result.
 
+    An explored move first draws one number it does not use: the draw of a removed option (a
+    repeated word, never used by a run). It is kept so that a seed plays the games it played
+    before, and the default warm start stays the one every recorded run trained from (without
+    it, the default drew other teacher games and its model won 0.36 of the held-out games, not
+    0.41; docs/JOURNAL.md, "The teacher's draw").
+
     Args:
         game: a fresh :class:`~wordle_env.game.WordleGame`.
         rng: the random source (seed it for reproducible games).
@@ -69,6 +75,7 @@ def solver_guesses(
         if not game.guesses:
             options = openers()[:n_openers]
         elif explored:  # not a lesson: no options
+            rng.random()  # the draw of a removed option, kept: the teacher's games stay the same
             options, guess = (), rng.choice(wordlists.answers())
             while guess in game.guesses:
                 guess = rng.choice(wordlists.answers())
